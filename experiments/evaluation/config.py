@@ -1,0 +1,186 @@
+"""Every knob of one evaluation (the `eval` config group), as an OmegaConf-compatible structured config.
+
+Only simple types, lists and `Optional` are used, so `OmegaConf.structured(EvalConfig)` works and
+Hydra can compose it. `validate()` runs before any compute and raises `ValueError` naming the
+key, the offending value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, List, Optional
+
+DEFAULT_CACHE_SUBDIR = Path(".cache") / "atlas-suite" / "reference"
+CACHE_ENV = "ATLAS_CACHE_DIR"
+LOGPROB_DTYPES = ("float16", "float32")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings; see docs/evaluation.md for what each metric means."""
+
+    # Batch sizes (prompts per `generate` call, sequences per teacher-forced forward).
+    generation_batch_size: int = 16
+    scoring_batch_size: int = 16
+
+    # Longest response generated, per kind of prompt.
+    max_new_tokens_math: int = 128
+    max_new_tokens_choice: int = 16
+    max_new_tokens_code: int = 256
+
+    # Reference decoding: the base responses that retained KL is teacher-forced on.
+    # Sampled at `reference_temperature` (1.0 = the base's own distribution) with `reference_seed`;
+    # `reference_sampling: false` uses greedy responses instead.
+    reference_sampling: bool = True
+    reference_temperature: float = 1.0
+    reference_seed: int = 0
+
+    # Base log-probabilities in the cache: the full vocabulary when
+    # vocab x response tokens x bytes(logprob_dtype) fits in `logprob_budget_mb`, else the base's
+    # `top_k` log-probs + indices + one tail bucket.
+    logprob_budget_mb: float = 1024.0
+    logprob_dtype: str = "float16"
+    top_k: int = 64
+
+    # Target (code) evaluation: pass@1 from the greedy completion; pass@k for k > 1 from
+    # `n_samples` completions sampled at `sample_temperature` / `sample_top_p` with `sample_seed`.
+    pass_k: List[int] = field(default_factory=lambda: [1])
+    n_samples: int = 1
+    sample_temperature: float = 0.8
+    sample_top_p: float = 0.95
+    sample_seed: int = 0
+    max_target_problems: Optional[int] = None
+
+    # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
+    sandbox_timeout_s: float = 10.0
+    sandbox_cpu_s: float = 10.0
+    sandbox_memory_mb: int = 1024
+    sandbox_max_output_bytes: int = 1_000_000
+    sandbox_max_file_bytes: int = 10_000_000
+    sandbox_max_processes: int = 0
+    sandbox_workers: int = 2
+
+    # Optional lm-evaluation-harness deltas. Task names `atlas_<domain>` are local tasks over the
+    # benchmark's own retained evaluation items; any other name is an lm-eval (hub) task.
+    lm_eval_tasks: List[str] = field(default_factory=list)
+    lm_eval_limit: Optional[int] = None
+    lm_eval_batch_size: int = 8
+    lm_eval_include_path: Optional[str] = None
+
+    # Reference cache folder; null = $ATLAS_CACHE_DIR, else ~/.cache/atlas-suite/reference.
+    cache_dir: Optional[str] = None
+    # First N items of each retained split (calibration and evaluation); null = all.
+    max_items_per_domain: Optional[int] = None
+
+    def validate(self) -> "EvalConfig":
+        """Raise `ValueError` on the first invalid value; return self when all are valid."""
+        for name in (
+            "generation_batch_size",
+            "scoring_batch_size",
+            "max_new_tokens_math",
+            "max_new_tokens_choice",
+            "max_new_tokens_code",
+            "top_k",
+            "n_samples",
+            "sandbox_memory_mb",
+            "sandbox_max_output_bytes",
+            "sandbox_max_file_bytes",
+            "sandbox_workers",
+            "lm_eval_batch_size",
+        ):
+            _require_int(self, name, minimum=1)
+        _require_int(self, "sandbox_max_processes", minimum=0)
+        for name in ("reference_seed", "sample_seed"):
+            _require_int(self, name, minimum=None)
+        for name in ("reference_sampling",):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "true or false")
+        for name in ("reference_temperature", "sample_temperature", "logprob_budget_mb",
+                     "sandbox_timeout_s", "sandbox_cpu_s"):
+            _require_positive_float(self, name)
+        top_p = self.sample_top_p
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+            _fail("sample_top_p", top_p, "a number in (0, 1]")
+        if self.logprob_dtype not in LOGPROB_DTYPES:
+            _fail("logprob_dtype", self.logprob_dtype, f"one of {list(LOGPROB_DTYPES)}")
+        pass_k = list(self.pass_k)
+        if not pass_k or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in pass_k):
+            _fail("pass_k", pass_k, "a non-empty list of integers >= 1")
+        if len(set(pass_k)) != len(pass_k):
+            _fail("pass_k", pass_k, "distinct values")
+        if max(pass_k) > 1 and self.n_samples < max(pass_k):
+            _fail("n_samples", self.n_samples, f"an integer >= max(pass_k) = {max(pass_k)}")
+        for name in ("max_target_problems", "max_items_per_domain", "lm_eval_limit"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _fail(name, value, "null or an integer >= 1")
+        tasks = list(self.lm_eval_tasks)
+        if any(not isinstance(t, str) or not t.strip() for t in tasks):
+            _fail("lm_eval_tasks", tasks, "a list of non-empty task names")
+        for name in ("cache_dir", "lm_eval_include_path"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                _fail(name, value, "null or a non-empty path string")
+        return self
+
+    def max_new_tokens(self, kind: str) -> int:
+        """The generation length cap for prompts of kind `math`, `choice` or `code`."""
+        try:
+            return {
+                "math": self.max_new_tokens_math,
+                "choice": self.max_new_tokens_choice,
+                "code": self.max_new_tokens_code,
+            }[kind]
+        except KeyError:
+            raise ValueError(f"kind {kind!r} has no max_new_tokens; allowed: math, choice, code") from None
+
+    def resolved_cache_dir(self) -> Path:
+        """The reference cache folder: `cache_dir`, else $ATLAS_CACHE_DIR, else ~/.cache/atlas-suite/reference."""
+        return resolve_cache_dir(self.cache_dir)
+
+
+def resolve_cache_dir(cache_dir: Optional[str]) -> Path:
+    """`cache_dir` if set, else $ATLAS_CACHE_DIR if set, else ~/.cache/atlas-suite/reference."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / DEFAULT_CACHE_SUBDIR
+
+
+def as_eval_config(cfg: Any) -> EvalConfig:
+    """An `EvalConfig` from an `EvalConfig`, an OmegaConf node or a plain mapping (unknown keys rejected)."""
+    if isinstance(cfg, EvalConfig):
+        return cfg
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a declared dependency
+        pass
+    allowed = {f.name for f in fields(EvalConfig)}
+    unknown = sorted(set(cfg) - allowed)
+    if unknown:
+        raise ValueError(f"eval config: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return EvalConfig(**dict(cfg))
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"eval.{name}: invalid value {value!r}; allowed: {allowed}")
+
+
+def _require_int(cfg: EvalConfig, name: str, minimum: Optional[int]) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        _fail(name, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
+
+
+def _require_positive_float(cfg: EvalConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        _fail(name, value, "a finite number > 0")
