@@ -96,11 +96,16 @@ def gold_response(domain_kind: str, item: dict) -> str:
 
 
 def apply_template(tokenizer: Any, prompt_text: str, chat_template: bool) -> str:
-    """The string the model actually sees before its response: chat-wrapped or plain."""
+    """The string the model actually sees before its response: chat-wrapped or plain.
+
+    Backbone-specific template options (e.g. Qwen3's `enable_thinking: false`) are read from the
+    tokenizer's `chat_template_kwargs` attribute, which `experiments.backbones.load_backbone` sets.
+    """
     if not chat_template:
         return prompt_text
+    extra = getattr(tokenizer, "chat_template_kwargs", None) or {}
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt_text}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": prompt_text}], tokenize=False, add_generation_prompt=True, **extra
     )
 
 

@@ -1,0 +1,95 @@
+"""Loading a backbone (model + tokenizer) through `from_pretrained`, for the micro and real backbones alike."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class BackboneError(ValueError):
+    """A backbone cannot be loaded as configured."""
+
+
+def resolve_path(path: str) -> str:
+    """A local folder (relative paths against the repo root) if it exists, else the hub id unchanged."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        candidate = REPO_ROOT / p
+        if candidate.exists():
+            return str(candidate)
+    if p.exists():
+        return str(p.resolve())
+    if path.startswith(("/", "./", "../", "~")) or path.startswith("assets/"):
+        raise BackboneError(f"backbone.path={path!r}: local folder does not exist")
+    return path
+
+
+def backbone_key(cfg: Any) -> str:
+    """Identity of a backbone's weights, for cache keys: the hub id + revision, or a hash of a local folder's files."""
+    path = resolve_path(cfg.path)
+    local = Path(path)
+    if local.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(local.iterdir()):
+            if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
+                h.update(f.name.encode())
+                h.update(hashlib.sha256(f.read_bytes()).digest())
+        return f"{cfg.name}-local-{h.hexdigest()[:16]}"
+    return f"{cfg.name}-{path.replace('/', '--')}-{cfg.revision or 'main'}"
+
+
+def check_target_modules(model: torch.nn.Module, target_modules: list[str], key: str = "backbone.target_modules") -> None:
+    """Raise `BackboneError` unless every name in `target_modules` is the suffix of some Linear in `model`."""
+    linear_names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    missing = [t for t in target_modules if t not in linear_names]
+    if missing:
+        raise BackboneError(
+            f"{key}={list(target_modules)!r}: {missing} not found in the model; allowed: {sorted(linear_names)}"
+        )
+
+
+def load_tokenizer(cfg: Any):
+    """The backbone's tokenizer, with a pad token and the backbone's chat-template options attached."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(
+        resolve_path(cfg.path), revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+    )
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.chat_template_kwargs = dict(cfg.get("chat_template_kwargs") or {}) if hasattr(cfg, "get") else {}
+    return tok
+
+
+def load_model(cfg: Any, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The backbone's causal LM in its configured dtype, in eval mode, with its target modules checked."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.dtype not in DTYPES:
+        raise BackboneError(f"backbone.dtype={cfg.dtype!r} is not allowed: one of {sorted(DTYPES)}")
+    kwargs = {"dtype": DTYPES[cfg.dtype], "revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(resolve_path(cfg.path), **kwargs)
+    model.to(device)
+    model.eval()
+    check_target_modules(model, list(cfg.target_modules))
+    return model
+
+
+def load_backbone(cfg: Any, device: str | torch.device = "cpu"):
+    """(model, tokenizer) for a backbone config (see `experiments.config.BackboneConfig`)."""
+    return load_model(cfg, device), load_tokenizer(cfg)
+
+
+def model_summary(model: torch.nn.Module) -> dict:
+    """Parameter counts of a model (total and trainable)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"params_total": total, "params_trainable": trainable}

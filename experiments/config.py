@@ -1,0 +1,228 @@
+"""Structured schema of the run config and its validation (before any compute).
+
+Hydra composes YAML from `conf/`; `validate_config` merges it onto these dataclasses (types are
+checked by OmegaConf) and then checks ranges and cross-field rules. Every error is one line that
+names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments.evaluation.config import EvalConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULERS = ("constant", "linear", "cosine")
+LOGGERS = ("none", "wandb")
+WANDB_MODES = ("offline", "online", "disabled")
+DATA_KINDS = ("math", "choice", "code_problem", "code_instruction")
+RETAINED_KINDS = ("math", "choice")
+
+
+class ConfigError(ValueError):
+    """A config value is not allowed; the message names key, value and what is allowed."""
+
+
+@dataclass
+class SplitSpec:
+    """One split of a dataset and how many items to keep (seeded subset; null = all)."""
+
+    split: str = MISSING
+    max_items: Optional[int] = None
+
+
+@dataclass
+class DatasetSpec:
+    """Where a dataset lives: a hub id and/or a local path (relative to `benchmark.data_root` or the repo)."""
+
+    kind: str = MISSING
+    hub: Optional[str] = None
+    hub_config: Optional[str] = None
+    local: Optional[str] = None
+    files: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TargetSplitSpec(DatasetSpec):
+    """A target dataset and the split used from it."""
+
+    split: str = MISSING
+    max_items: Optional[int] = None
+
+
+@dataclass
+class TargetSpec:
+    """Target training data and the target evaluation suites (name -> problems)."""
+
+    train: TargetSplitSpec = MISSING
+    evaluation: Dict[str, TargetSplitSpec] = field(default_factory=dict)
+
+
+@dataclass
+class RetainedSpec(DatasetSpec):
+    """A retained domain: its data and the disjoint calibration / evaluation splits."""
+
+    calibration: SplitSpec = MISSING
+    evaluation: SplitSpec = MISSING
+
+
+@dataclass
+class BenchmarkConfig:
+    """Which data a run trains and evaluates on."""
+
+    name: str = MISSING
+    data_root: Optional[str] = None
+    seed: int = 1234
+    target: TargetSpec = MISSING
+    retained: Dict[str, RetainedSpec] = field(default_factory=dict)
+
+
+@dataclass
+class BackboneConfig:
+    """A pretrained causal LM: where it loads from and how it is run."""
+
+    name: str = MISSING
+    path: str = MISSING  # hub id or local folder (relative paths resolve against the repo root)
+    revision: Optional[str] = None
+    dtype: str = "float32"
+    target_modules: List[str] = field(default_factory=list)
+    chat_template: bool = False
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    train_batch_size: int = 8
+    grad_accum: int = 1
+    eval_batch_size: int = 16
+    max_length: int = 512
+    gradient_checkpointing: bool = False
+    attn_implementation: Optional[str] = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class TrainConfig:
+    """The training loop's settings (batch sizes default to the backbone's)."""
+
+    steps: int = 100
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"
+    max_grad_norm: float = 1.0
+    batch_size: Optional[int] = None
+    grad_accum: Optional[int] = None
+    max_length: Optional[int] = None
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    progress: bool = True
+    num_threads: Optional[int] = None
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment logging: `none` or W&B (offline by default)."""
+
+    kind: str = "none"
+    project: str = "atlas-suite"
+    entity: Optional[str] = None
+    mode: str = "offline"
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    """The whole composed config of one run."""
+
+    method: Any = MISSING
+    backbone: BackboneConfig = MISSING
+    benchmark: BenchmarkConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    run_root: str = "runs"
+    hydra: Any = None
+    experiment: Any = None
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if value is not None and value <= 0:
+        _fail(key, value, "must be > 0")
+
+
+def structured(cfg: DictConfig) -> DictConfig:
+    """Merge `cfg` onto the schema; type errors become `ConfigError` naming key and value."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(RunConfig), data)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}".splitlines()[0]) from None
+
+
+def validate_config(cfg: DictConfig) -> DictConfig:
+    """Return the typed config, or raise `ConfigError` for the first value that is not allowed."""
+    typed = structured(cfg)
+    method = typed.method
+    if not isinstance(method, DictConfig) or "_target_" not in method or "name" not in method:
+        _fail("method", method, "a method config with `_target_` and `name` (see conf/method/)")
+    if "rank" in method and method.rank is not None:
+        _positive("method.rank", method.rank)
+    if "lr" in method and method.lr is not None and method.lr < 0:
+        _fail("method.lr", method.lr, "must be >= 0")
+
+    bb = typed.backbone
+    if bb.dtype not in DTYPES:
+        _fail("backbone.dtype", bb.dtype, f"one of {list(DTYPES)}")
+    for key in ("train_batch_size", "grad_accum", "eval_batch_size", "max_length"):
+        _positive(f"backbone.{key}", bb[key])
+
+    tr = typed.train
+    if tr.lr < 0:
+        _fail("train.lr", tr.lr, "must be >= 0")
+    if tr.steps < 0:
+        _fail("train.steps", tr.steps, "must be >= 0")
+    if tr.scheduler not in SCHEDULERS:
+        _fail("train.scheduler", tr.scheduler, f"one of {list(SCHEDULERS)}")
+    for key in ("batch_size", "grad_accum", "max_length", "checkpoint_every", "keep_checkpoints", "log_every", "num_threads"):
+        _positive(f"train.{key}", tr[key])
+    if tr.warmup_steps < 0:
+        _fail("train.warmup_steps", tr.warmup_steps, "must be >= 0")
+
+    lg = typed.logger
+    if lg.kind not in LOGGERS:
+        _fail("logger.kind", lg.kind, f"one of {list(LOGGERS)}")
+    if lg.mode not in WANDB_MODES:
+        _fail("logger.mode", lg.mode, f"one of {list(WANDB_MODES)}")
+
+    bm = typed.benchmark
+    specs = [("benchmark.target.train", bm.target.train)]
+    specs += [(f"benchmark.target.evaluation.{k}", v) for k, v in bm.target.evaluation.items()]
+    specs += [(f"benchmark.retained.{k}", v) for k, v in bm.retained.items()]
+    for key, spec in specs:
+        if spec.kind not in DATA_KINDS:
+            _fail(f"{key}.kind", spec.kind, f"one of {list(DATA_KINDS)}")
+        if not spec.hub and not spec.local:
+            _fail(f"{key}.local", spec.local, "a local path or a hub id (`hub`) is required")
+    if bm.target.train.kind != "code_instruction":
+        _fail("benchmark.target.train.kind", bm.target.train.kind, "code_instruction")
+    if not bm.target.evaluation:
+        _fail("benchmark.target.evaluation", {}, "at least one evaluation suite")
+    for name, spec in bm.retained.items():
+        if spec.kind not in RETAINED_KINDS:
+            _fail(f"benchmark.retained.{name}.kind", spec.kind, f"one of {list(RETAINED_KINDS)}")
+        for part in ("calibration", "evaluation"):
+            _positive(f"benchmark.retained.{name}.{part}.max_items", spec[part].max_items)
+    try:
+        OmegaConf.to_object(typed.eval).validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return typed

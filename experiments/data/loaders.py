@@ -1,0 +1,199 @@
+"""Loaders for every dataset the suite reads, from a local path or by Hugging Face hub name.
+
+The same function reads the real datasets (GSM8K, CommonsenseQA, HumanEval, MBPP, code instruction
+sets) and the project's generated micro benchmark, which is written in those datasets' formats.
+Each loader returns a list of normalised dicts (schemas in `experiments.prompts`):
+
+- `load_math`:              {"question", "answer"}
+- `load_choice`:            {"id", "question", "choices", "labels", "answer_index"}
+- `load_code_problems`:     {"task_id", "prompt", "canonical_solution", "test", "entry_point"}
+- `load_code_instructions`: {"instruction", "input", "response"}
+
+`source` is either a local path (a file, or a directory holding one file per split) or a hub
+dataset id. Local reading is plain JSON/JSONL (optionally gzip); hub reading goes through
+`datasets.load_dataset`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+
+
+class DataError(ValueError):
+    """A dataset is missing, empty or not in the expected format."""
+
+
+def is_local(source: str) -> bool:
+    """True when `source` names a local path (absolute, relative, or existing) rather than a hub id."""
+    return source.startswith(("/", "./", "../", "~")) or Path(source).expanduser().exists()
+
+
+def resolve_local_file(source: str, split: str, files: Optional[dict[str, str]] = None) -> Path:
+    """The file holding `split` under a local `source` (a file is returned as is).
+
+    In a directory, `files[split]` names the file when given; else `<split>.jsonl`, `<split>.json`,
+    `<split>.jsonl.gz` or `<split>.json.gz` is used.
+    """
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"local data path {str(path)!r} does not exist")
+    if path.is_file():
+        return path
+    if files and split in files:
+        candidate = path / files[split]
+        if not candidate.is_file():
+            raise DataError(f"split {split!r}: file {str(candidate)!r} does not exist")
+        return candidate
+    for suffix in _SUFFIXES:
+        candidate = path / f"{split}{suffix}"
+        if candidate.is_file():
+            return candidate
+    present = sorted(p.name for p in path.iterdir())
+    raise DataError(
+        f"no file for split {split!r} in {str(path)!r}; expected {split}.jsonl/.json[.gz] "
+        f"or a `files` mapping; present: {present}"
+    )
+
+
+def read_records(path: Path) -> list[dict]:
+    """All records of a JSON list or JSON-lines file (gzip allowed)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        records = json.loads(stripped)
+    else:
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    return records
+
+
+def _hub_records(source: str, split: str, hub_config: Optional[str]) -> list[dict]:
+    import datasets
+
+    ds = datasets.load_dataset(source, hub_config, split=split)
+    return [dict(r) for r in ds]
+
+
+def raw_records(
+    source: str, split: str, hub_config: Optional[str] = None, files: Optional[dict[str, str]] = None
+) -> list[dict]:
+    """Unnormalised records of one split, from a local path or the hub; empty splits are an error."""
+    if is_local(source):
+        path = resolve_local_file(source, split, files)
+        records = read_records(path)
+        where = str(path)
+    else:
+        records = _hub_records(source, split, hub_config)
+        where = f"hub:{source}"
+    if not records:
+        raise DataError(f"dataset {where!r} split {split!r} is empty")
+    return records
+
+
+def _require(record: dict, keys: Iterable[str], what: str, where: str) -> None:
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise DataError(f"{where}: a {what} record lacks {missing}; has {sorted(record)}")
+
+
+def normalise_math(record: dict, where: str = "math") -> dict:
+    """GSM8K record -> {"question", "answer"}."""
+    _require(record, ("question", "answer"), "math (GSM8K)", where)
+    return {"question": record["question"], "answer": record["answer"]}
+
+
+def normalise_choice(record: dict, where: str = "choice") -> dict:
+    """CommonsenseQA record (local JSONL or hub layout) -> normalised multiple-choice item."""
+    _require(record, ("question", "answerKey"), "multiple-choice (CommonsenseQA)", where)
+    q = record["question"]
+    if isinstance(q, dict):  # original JSONL: question.stem, question.choices[{label, text}]
+        stem = q["stem"]
+        labels = [c["label"] for c in q["choices"]]
+        texts = [c["text"] for c in q["choices"]]
+    else:  # hub layout: question str, choices {label: [...], text: [...]}
+        stem = q
+        labels = list(record["choices"]["label"])
+        texts = list(record["choices"]["text"])
+    if record["answerKey"] not in labels:
+        raise DataError(f"{where}: answerKey {record['answerKey']!r} not among labels {labels}")
+    return {
+        "id": str(record.get("id", "")),
+        "question": stem,
+        "choices": texts,
+        "labels": labels,
+        "answer_index": labels.index(record["answerKey"]),
+    }
+
+
+def normalise_code_problem(record: dict, where: str = "code") -> dict:
+    """HumanEval record as is; MBPP record (`text`/`prompt` + `test_list`) converted to HumanEval format."""
+    if "test_list" in record:
+        from experiments.evaluation.code_completion import mbpp_to_humaneval
+
+        return mbpp_to_humaneval(record)
+    _require(record, ("task_id", "prompt", "canonical_solution", "test", "entry_point"), "HumanEval", where)
+    return {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
+
+
+def normalise_code_instruction(record: dict, where: str = "code instruction") -> dict:
+    """Instruction record (`instruction`, optional `input`, `response` or `output`) -> normalised item."""
+    _require(record, ("instruction",), "code instruction", where)
+    response = record.get("response", record.get("output"))
+    if response is None:
+        raise DataError(f"{where}: a code instruction record lacks 'response'/'output'; has {sorted(record)}")
+    return {"instruction": record["instruction"], "input": record.get("input", "") or "", "response": response}
+
+
+NORMALISERS = {
+    "math": normalise_math,
+    "choice": normalise_choice,
+    "code_problem": normalise_code_problem,
+    "code_instruction": normalise_code_instruction,
+}
+
+
+def load(
+    kind: str,
+    source: str,
+    split: str,
+    hub_config: Optional[str] = None,
+    files: Optional[dict[str, str]] = None,
+) -> list[dict]:
+    """Load and normalise one split of a dataset of `kind` (math, choice, code_problem, code_instruction)."""
+    if kind not in NORMALISERS:
+        raise DataError(f"dataset kind {kind!r} is unknown; allowed: {sorted(NORMALISERS)}")
+    where = f"{source}[{split}]"
+    normalise = NORMALISERS[kind]
+    return [normalise(r, where) for r in raw_records(source, split, hub_config, files)]
+
+
+def load_math(source: str, split: str, **kw: Any) -> list[dict]:
+    """GSM8K-format math items."""
+    return load("math", source, split, **kw)
+
+
+def load_choice(source: str, split: str, **kw: Any) -> list[dict]:
+    """CommonsenseQA-format multiple-choice items."""
+    return load("choice", source, split, **kw)
+
+
+def load_code_problems(source: str, split: str, **kw: Any) -> list[dict]:
+    """HumanEval-format code problems (MBPP converted)."""
+    return load("code_problem", source, split, **kw)
+
+
+def load_code_instructions(source: str, split: str, **kw: Any) -> list[dict]:
+    """Code instruction-tuning items."""
+    return load("code_instruction", source, split, **kw)

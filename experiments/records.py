@@ -1,0 +1,132 @@
+"""Run identity, provenance and the result record (one JSON per run; the unit of "done").
+
+The run id is a hash of the resolved *scientific* config: presentation keys (logger, launcher,
+output paths, progress bars, cache locations, worker counts) are left out, so the same science
+always gets the same id and the same run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+RECORD_NAME = "record.json"
+SCHEMA_VERSION = 1
+STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
+STATUS_INTERRUPTED = "interrupted"
+
+# Dotted keys that do not change what a run computes.
+PRESENTATION_KEYS = (
+    "hydra",
+    "logger",
+    "run_root",
+    "experiment",
+    "benchmark.data_root",
+    "train.progress",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.log_every",
+    "train.num_threads",
+    "eval.cache_dir",
+    "eval.progress",
+    "eval.sandbox_workers",
+)
+PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
+
+
+def scientific_config(cfg: dict) -> dict:
+    """A copy of a resolved config mapping without the presentation keys."""
+    out = copy.deepcopy(cfg)
+    for dotted in PRESENTATION_KEYS:
+        node = out
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        if isinstance(node, dict):
+            node.pop(parts[-1], None)
+    return out
+
+
+def run_id_of(cfg: dict) -> str:
+    """16 hex characters identifying the science of a resolved config mapping."""
+    blob = json.dumps(scientific_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write JSON so that readers see either the old file or the whole new one (temp file, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_record(run_dir: Path) -> Optional[dict]:
+    """The record in `run_dir`, or None when there is none or it cannot be parsed."""
+    path = Path(run_dir) / RECORD_NAME
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def is_complete(run_dir: Path, run_id: str) -> bool:
+    """True when `run_dir` holds a complete record for exactly this run id."""
+    record = read_record(run_dir)
+    return bool(record) and record.get("status") == STATUS_COMPLETE and record.get("run_id") == run_id
+
+
+def _git(*args: str) -> Optional[str]:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def provenance(started: Optional[datetime] = None) -> dict:
+    """Git sha and dirty flag of the code, package versions, host, Python, and start/end times (UTC, ISO 8601)."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    now = datetime.now(timezone.utc).isoformat()
+    return {
+        "git_sha": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "packages": versions,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "start_time": started.isoformat() if started else now,
+        "end_time": now,
+    }

@@ -1,0 +1,276 @@
+"""The one training loop every method hooks into: SFT on response tokens, checkpoints, exact resume.
+
+A run killed (SIGTERM) or preempted (SIGUSR2) saves a checkpoint at the next step boundary: the
+method's trainable state, optimizer, scheduler, data position and every RNG state. Re-running the
+same config resumes from the newest checkpoint and ends where an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from experiments.methods import Method, RunContext
+from experiments.prompts import collate
+
+CHECKPOINT_DIR = "checkpoints"
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+class Preempted(Exception):
+    """Training stopped at a step boundary after a signal; a checkpoint for `step` was saved."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
+        super().__init__(f"{signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+@dataclass
+class TrainResult:
+    """What training did: steps, per-step losses (mean SFT loss over the step's micro-batches), time, tokens."""
+
+    steps: int
+    losses: list[float] = field(default_factory=list)
+    tokens_seen: int = 0
+    train_seconds: float = 0.0
+    resumed_from: Optional[int] = None
+
+    @property
+    def final_loss(self) -> Optional[float]:
+        return self.losses[-1] if self.losses else None
+
+
+class DataStream:
+    """Endless seeded stream of example indices: epoch e is a permutation drawn from seed + e.
+
+    Its position (epoch, offset) is all a checkpoint needs to continue the exact same order.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n <= 0:
+            raise ValueError("the training set is empty")
+        self.n, self.seed = n, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.offset == self.n:
+                self.epoch, self.offset = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.offset])
+            self.offset += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def restore(self, state: dict) -> None:
+        self.epoch, self.offset = state["epoch"], state["offset"]
+        self._order = self._permutation(self.epoch)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):
+    """Learning-rate schedule from transformers: constant, linear or cosine decay after linear warmup."""
+    from transformers import get_scheduler
+
+    name = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[kind]
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total, 1))
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, numpy and Python's RNG."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def checkpoint_paths(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (half-written ones never carry the final name)."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+
+
+def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """Write `state` atomically as checkpoints/step_<step>.pt and keep only the newest `keep`."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step_{step:08d}.pt"
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, final)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    for old in checkpoint_paths(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+class SignalFlag:
+    """Records SIGTERM/SIGUSR2 so the loop can checkpoint at a step boundary; restores handlers on exit.
+
+    After the checkpoint, a previous Python-level handler (e.g. a cluster launcher's requeue
+    handler) is called with the signal, so this loop composes with it instead of replacing it.
+    """
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "SignalFlag":
+        for sig in HANDLED_SIGNALS:
+            try:
+                self.previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no signal handling possible
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def forward(self) -> None:
+        """Call the handler that was installed before ours, if it was a Python callable."""
+        handler = self.previous.get(self.signum)
+        if callable(handler):
+            handler(self.signum, None)
+
+
+def train(
+    model: torch.nn.Module,
+    method: Method,
+    examples: list[dict],
+    ctx: RunContext,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    grad_accum: int,
+    pad_id: int,
+    weight_decay: float = 0.0,
+    warmup_steps: int = 0,
+    scheduler: str = "constant",
+    max_grad_norm: float = 1.0,
+    checkpoint_every: int = 50,
+    keep_checkpoints: int = 2,
+    log_every: int = 10,
+    progress: bool = True,
+    log_fn: Optional[Callable[[dict, int], None]] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
+) -> TrainResult:
+    """Train `model` for `steps` optimizer steps of `batch_size` x `grad_accum` encoded examples.
+
+    Loss: mean token cross-entropy on response tokens (labels != -100) per micro-batch, divided
+    by `grad_accum`, plus the method's `extra_loss`. Resumes from the newest checkpoint in
+    `ctx.run_dir` when one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    """
+    params = method.trainable_parameters(model)
+    if steps > 0 and not params:
+        raise ValueError(f"method {method.name!r} left no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    sched = make_scheduler(optimizer, scheduler, warmup_steps, steps)
+    stream = DataStream(len(examples), ctx.seed)
+    result = TrainResult(steps=steps)
+    start = 0
+
+    existing = checkpoint_paths(ctx.run_dir)
+    if existing:
+        state = torch.load(existing[-1], map_location="cpu", weights_only=False)
+        method.load_state_dict(model, state["method"])
+        optimizer.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        stream.restore(state["stream"])
+        set_rng_state(state["rng"])
+        start = state["step"]
+        result.losses = list(state["losses"])
+        result.tokens_seen = state["tokens_seen"]
+        result.train_seconds = state["train_seconds"]
+        result.resumed_from = start
+        print(f"[train] resumed from checkpoint {existing[-1].name} at step {start}", flush=True)
+
+    def snapshot(step: int) -> dict:
+        return {
+            "step": step,
+            "method": method.state_dict(model),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": sched.state_dict(),
+            "stream": stream.state(),
+            "rng": rng_state(),
+            "losses": result.losses,
+            "tokens_seen": result.tokens_seen,
+            "train_seconds": result.train_seconds,
+        }
+
+    model.train()
+    bar = tqdm(total=steps, initial=start, desc=f"train {method.name}", disable=not progress, dynamic_ncols=True)
+    with SignalFlag() as flag:
+        for step in range(start + 1, steps + 1):
+            t0 = time.perf_counter()
+            ctx.step = step
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for _ in range(grad_accum):
+                micro = method.mix_batches([examples[i] for i in stream.take(batch_size)], ctx)
+                batch = {k: v.to(ctx.device) for k, v in collate(micro, pad_id).items()}
+                with torch.autocast(ctx.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+                    loss = out.loss
+                    extra = method.extra_loss(model, batch, ctx)
+                    if extra is not None:
+                        loss = loss + extra
+                (loss / grad_accum).backward()
+                step_loss += loss.item() / grad_accum
+                result.tokens_seen += int(batch["attention_mask"].sum())
+            if max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            sched.step()
+            method.after_step(model, ctx)
+            result.losses.append(step_loss)
+            result.train_seconds += time.perf_counter() - t0
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.4f}")
+            if log_fn and (step % log_every == 0 or step == steps):
+                log_fn({"train/loss": step_loss, "train/lr": sched.get_last_lr()[0], "train/tokens": result.tokens_seen}, step)
+            if flag.signum is not None:
+                path = save_checkpoint(ctx.run_dir, step, snapshot(step), keep_checkpoints)
+                bar.close()
+                print(f"[train] {signal.Signals(flag.signum).name}: checkpoint saved at step {step}", flush=True)
+                flag.forward()
+                raise Preempted(flag.signum, step, path)
+            if step % checkpoint_every == 0 or step == steps:
+                save_checkpoint(ctx.run_dir, step, snapshot(step), keep_checkpoints)
+    bar.close()
+    model.eval()
+    return result
