@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from hydra.utils import instantiate
 
 
 class MethodConfigError(ValueError):
@@ -132,8 +131,28 @@ class BaseMethod(Method):
 
 
 def build_method(method_cfg: Any) -> Method:
-    """Instantiate the method a `conf/method/*.yaml` names through its `_target_`."""
-    return instantiate(method_cfg, _convert_="all")
+    """Instantiate the method a `conf/method/*.yaml` names through its `_target_`.
+
+    Unknown hyperparameters and values the method rejects raise `MethodConfigError` naming the key.
+    """
+    import inspect
+
+    from hydra.utils import get_class
+    from omegaconf import DictConfig, OmegaConf
+
+    cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
+    target = cfg.pop("_target_")
+    try:
+        cls = get_class(target)
+    except Exception as exc:
+        raise MethodConfigError(f"method._target_={target!r} cannot be imported: {exc}") from None
+    params = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        allowed = sorted(k for k in params if k != "self")
+        unknown = sorted(set(cfg) - set(allowed))
+        if unknown:
+            raise MethodConfigError(f"method.{unknown[0]}={cfg[unknown[0]]!r} is not a parameter of {target}; allowed: {allowed}")
+    return cls(**cfg)
 
 
 def require(key: str, value: Any, ok: bool, allowed: str) -> None:

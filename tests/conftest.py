@@ -1,0 +1,152 @@
+"""Shared fixtures: a tiny random Qwen3 backbone saved as a Hugging Face folder, a tiny benchmark in the
+real datasets' formats, the real-data folder (skipped when absent), and a helper that runs `run.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+MICRO_BACKBONE = REPO / "assets" / "micro" / "backbone"
+MICRO_DATA = REPO / "assets" / "micro" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real datasets folder next to the repo (`../shared/data`); skips the test when absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real datasets folder {SHARED_DATA} is absent (a fresh clone without ../shared/data)")
+    return SHARED_DATA
+
+
+def build_tiny_tokenizer(texts: list[str]):
+    """A byte-level BPE tokenizer (vocab 320) trained on `texts`, wrapped as PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|pad|>", "<|eos|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|pad|>")
+
+
+def tiny_math(n: int, start: int = 0) -> list[dict]:
+    return [
+        {"question": f"Ann has {i} apples and buys {i % 7 + 1} more. How many apples does Ann have?",
+         "answer": f"{i} + {i % 7 + 1} = {i + i % 7 + 1}\n#### {i + i % 7 + 1}"}
+        for i in range(start, start + n)
+    ]
+
+
+def tiny_choice(n: int, start: int = 0) -> list[dict]:
+    things = ["cup", "book", "shoe", "lamp", "spoon", "chair", "coat", "pen"]
+    places = ["kitchen", "library", "closet", "office"]
+    out = []
+    for i in range(start, start + n):
+        answer = places[i % 4]
+        choices = [answer] + [p for p in places if p != answer][:2]
+        choices = choices[i % 3:] + choices[: i % 3]
+        labels = ["A", "B", "C"]
+        out.append({
+            "id": f"q{i}", "answerKey": labels[choices.index(answer)],
+            "question": {"stem": f"Where is a {things[i % 8]} number {i} kept?",
+                         "choices": [{"label": l, "text": t} for l, t in zip(labels, choices)]},
+        })
+    return out
+
+
+def tiny_code(n: int, start: int = 0) -> list[dict]:
+    out = []
+    for i in range(start, start + n):
+        prompt = f'def add_{i}(x):\n    """Return x plus {i}."""\n'
+        out.append({"task_id": f"Tiny/{i}", "prompt": prompt, "canonical_solution": f"    return x + {i}\n",
+                    "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n", "entry_point": f"add_{i}"})
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="session")
+def tiny_benchmark_dir(tmp_path_factory) -> Path:
+    """A benchmark folder laid out like the micro benchmark, with a handful of items per split."""
+    root = tmp_path_factory.mktemp("tiny_benchmark")
+    write_jsonl(root / "math" / "calibration.jsonl", tiny_math(6, 0))
+    write_jsonl(root / "math" / "evaluation.jsonl", tiny_math(5, 50))
+    write_jsonl(root / "commonsense" / "calibration.jsonl", tiny_choice(6, 0))
+    write_jsonl(root / "commonsense" / "evaluation.jsonl", tiny_choice(5, 50))
+    write_jsonl(root / "code" / "evaluation.jsonl", tiny_code(4, 100))
+    train = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
+              "response": p["canonical_solution"]} for p in tiny_code(24, 0)]
+    (root / "code" / "train.json").write_text(json.dumps(train, indent=1))
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone_dir(tmp_path_factory) -> Path:
+    """A random 2-layer Qwen3 (hidden 32) with a BPE tokenizer, saved as a Hugging Face folder."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from experiments.prompts import code_problem_prompt, math_prompt
+
+    root = tmp_path_factory.mktemp("tiny_backbone")
+    texts = [math_prompt(m) + " " + m["answer"] for m in tiny_math(40)]
+    texts += [code_problem_prompt(c) + c["canonical_solution"] for c in tiny_code(30)]
+    texts += ["Question: Where is it kept?\nChoices: kitchen, library, closet, office\nAnswer: kitchen"]
+    tok = build_tiny_tokenizer(texts)
+    tok.save_pretrained(root)
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )
+    Qwen3ForCausalLM(config).save_pretrained(root)
+    return root
+
+
+def tiny_overrides(backbone: Path, bench: Path, run_root: Path, cache_dir: Path, **extra: str) -> list[str]:
+    """Hydra overrides that point a run at the tiny backbone and benchmark, with a tiny budget."""
+    ov = {
+        "backbone.path": str(backbone),
+        "backbone.train_batch_size": "4",
+        "backbone.eval_batch_size": "8",
+        "backbone.max_length": "96",
+        "benchmark.target.train.local": str(bench / "code"),
+        "benchmark.target.evaluation.micro_code.local": str(bench / "code"),
+        "benchmark.retained.math.local": str(bench / "math"),
+        "benchmark.retained.commonsense.local": str(bench / "commonsense"),
+        "train.steps": "6",
+        "train.warmup_steps": "0",
+        "train.checkpoint_every": "2",
+        "train.progress": "false",
+        "eval.max_new_tokens_math": "8",
+        "eval.max_new_tokens_choice": "4",
+        "eval.max_new_tokens_code": "8",
+        "eval.sandbox_timeout_s": "5",
+        "eval.cache_dir": str(cache_dir),
+        "run_root": str(run_root),
+    }
+    ov.update(extra)
+    return [f"{k}={v}" for k, v in ov.items()]
+
+
+def run_cli(args: list[str], timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    """Run `python run.py ARGS` from the repo root; returns the completed process (text output)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout, **popen)

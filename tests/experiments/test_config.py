@@ -1,0 +1,160 @@
+"""Config composition and validation before any compute: every error names key, value and what is allowed."""
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.backbones import BackboneError
+from experiments.config import ConfigError, validate_config
+from experiments.data.benchmark import build_benchmark
+from experiments.data.loaders import DataError
+from experiments.job import preflight_backbone, run_id_for
+from experiments.methods import MethodConfigError, build_method
+from tests.conftest import REPO, run_cli
+
+CONF = str(REPO / "conf")
+BACKBONES = sorted(p.stem for p in (REPO / "conf" / "backbone").glob("*.yaml"))
+METHODS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))
+
+
+def composed(*overrides):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_paper_backbones_and_micro_exist():
+    assert {"micro", "qwen3-8b", "qwen3-4b", "qwen3-0.6b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"} <= set(BACKBONES)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_and_backbone_composes_and_validates(method, backbone):
+    cfg = validate_config(composed(f"method={method}", f"backbone={backbone}"))
+    assert cfg.method.name == method
+    # The benchmark follows the backbone: micro backbone => micro benchmark; real ones => paper.
+    assert cfg.benchmark.name == ("micro" if backbone == "micro" else "paper")
+
+
+def test_benchmark_override_beats_the_backbone_default():
+    assert composed("backbone=qwen3-8b", "benchmark=micro").benchmark.name == "micro"
+
+
+def sweep_jobs(*args):
+    """The per-job override lists Hydra's basic sweeper expands a `-m` command line into."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(args))
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def test_readme_sweep_composes_without_other_overrides():
+    methods = ",".join(m for m in ("atlas", "lora") if m in METHODS)
+    jobs = sweep_jobs(f"method={methods}", "backbone=qwen3-8b", "seed=0,1,2")
+    assert len(jobs) == 3 * len(methods.split(","))
+    ids = set()
+    for job in jobs:
+        cfg = validate_config(composed(*job))
+        assert cfg.backbone.path == "Qwen/Qwen3-8B" and cfg.benchmark.name == "paper"
+        ids.add(run_id_for(cfg))
+    assert len(ids) == len(jobs)  # every job of the sweep is a distinct run
+    # The real entry point prints one job's config without touching the hub.
+    proc = run_cli([*jobs[0], "--cfg", "job"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Qwen/Qwen3-8B" in proc.stdout
+
+
+def test_run_id_ignores_presentation_keys_and_tracks_science():
+    base = run_id_for(composed())
+    assert run_id_for(composed("logger=wandb", "train.progress=false", "run_root=/elsewhere")) == base
+    assert run_id_for(composed("seed=1")) != base
+    assert run_id_for(composed("method.rank=4")) != base
+
+
+def test_unknown_method_lists_valid_names():
+    proc = run_cli(["method=nosuch", "--cfg", "job"], timeout=120)
+    assert proc.returncode != 0
+    assert "Could not find 'method/nosuch'" in proc.stderr
+    for name in METHODS:
+        assert name in proc.stderr
+
+
+def test_unknown_backbone_lists_valid_names():
+    proc = run_cli(["backbone=nosuch", "--cfg", "job"], timeout=120)
+    assert proc.returncode != 0 and "Could not find 'backbone/nosuch'" in proc.stderr
+    assert "qwen3-8b" in proc.stderr and "micro" in proc.stderr
+
+
+def test_rank_must_be_positive():
+    with pytest.raises(ConfigError, match=r"method.rank=0 is not allowed: must be > 0"):
+        validate_config(composed("method.rank=0"))
+    with pytest.raises(MethodConfigError, match=r"method.rank=-2 is not allowed: an integer > 0"):
+        build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rank": -2})
+
+
+def test_negative_learning_rate():
+    with pytest.raises(ConfigError, match=r"train.lr=-0.1 is not allowed: must be >= 0"):
+        validate_config(composed("train.lr=-0.1"))
+
+
+def test_type_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"train.steps"):
+        validate_config(composed("train.steps=many"))
+
+
+def test_bad_enum_values_list_what_is_allowed():
+    with pytest.raises(ConfigError, match=r"train.scheduler='wavy' is not allowed: one of \['constant', 'linear', 'cosine'\]"):
+        validate_config(composed("train.scheduler=wavy"))
+    with pytest.raises(ConfigError, match=r"logger.mode='loud'"):
+        validate_config(composed("logger=wandb", "logger.mode=loud"))
+
+
+def test_missing_local_data_path(tmp_path):
+    cfg = validate_config(composed(f"benchmark.retained.math.local={tmp_path / 'absent'}"))
+    with pytest.raises(DataError, match=r"local data path .*absent.* does not exist"):
+        build_benchmark(cfg.benchmark)
+
+
+def test_paper_benchmark_with_missing_data_root(tmp_path):
+    cfg = validate_config(composed("backbone=qwen3-8b", f"benchmark.data_root={tmp_path}"))
+    with pytest.raises(DataError, match=r"benchmark.data_root: local data path .*gpteacher_codegen.* does not exist"):
+        build_benchmark(cfg.benchmark)
+
+
+def test_empty_dataset(tmp_path, tiny_benchmark_dir):
+    (tmp_path / "calibration.jsonl").write_text("")
+    cfg = validate_config(composed(f"benchmark.retained.math.local={tmp_path}",
+                                   f"benchmark.target.train.local={tiny_benchmark_dir / 'code'}"))
+    with pytest.raises(DataError, match=r"split 'calibration' is empty"):
+        build_benchmark(cfg.benchmark)
+
+
+def test_missing_target_modules(tiny_backbone_dir):
+    cfg = validate_config(composed(f"backbone.path={tiny_backbone_dir}", "backbone.target_modules=[q_proj,c_attn]"))
+    with pytest.raises(BackboneError, match=r"backbone.target_modules=\['q_proj', 'c_attn'\]: \['c_attn'\] not found in the model; allowed: \[.*'q_proj'"):
+        preflight_backbone(cfg.backbone)
+
+
+def test_validation_errors_are_one_line_on_the_command_line(tiny_backbone_dir):
+    proc = run_cli([f"backbone.path={tiny_backbone_dir}", "backbone.target_modules=[nope]"], timeout=120)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    assert lines[-1].startswith("error: backbone.target_modules=['nope']"), proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_paper_benchmark_loads_from_local_copies(shared_data):
+    cfg = validate_config(composed("backbone=qwen3-8b", f"benchmark.data_root={shared_data}",
+                                   "benchmark.target.train.max_items=50"))
+    bench = build_benchmark(cfg.benchmark)
+    assert len(bench.target_train) == 50
+    assert sum(p.get("suite") == "humaneval" for p in bench.target_eval) == 164
+    assert len(bench.retained["math"].calibration) == 1000 and len(bench.retained["math"].evaluation) == 500
+    assert len(bench.retained["commonsense"].evaluation) == 500
+
+
+def test_unknown_method_hyperparameter_lists_allowed():
+    with pytest.raises(MethodConfigError, match=r"method.rnak=4 is not a parameter of baselines.lora.LoRA; allowed: \[.*'rank'"):
+        build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rnak": 4})
