@@ -6,6 +6,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+# The tiny models are far too small to gain from intra-op threads; with the machine's cores busy,
+# extra threads only spin. One thread keeps these tests fast and their timing stable.
+torch.set_num_threads(1)
+
 CORPUS = [
     "Question: What is 12 + 7?\nAnswer: 12 + 7 = 19\n#### 19",
     "Question: Where do you sleep?\nChoices: bedroom, court, ocean\nAnswer: bedroom",
