@@ -1,0 +1,60 @@
+"""Backbones load through from_pretrained from a local folder: tiny random Qwen3 and Llama configs."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from experiments.backbones import BackboneError, backbone_key, load_backbone, resolve_path
+from experiments.config import BackboneConfig
+from tests.conftest import build_tiny_tokenizer
+
+
+def backbone_cfg(path, **kw):
+    return OmegaConf.merge(OmegaConf.structured(BackboneConfig), {"name": "tiny", "path": str(path),
+                           "target_modules": ["q_proj", "v_proj", "down_proj"], **kw})
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_tiny_random_model_loads_through_from_pretrained(tmp_path, arch):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    tok = build_tiny_tokenizer(["def f(x):\n    return x + 1\n", "Question: 2 + 3?\nAnswer: 5"])
+    tok.save_pretrained(tmp_path)
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = (Qwen3ForCausalLM(Qwen3Config(head_dim=8, **common)) if arch == "qwen3"
+             else LlamaForCausalLM(LlamaConfig(**common)))
+    model.save_pretrained(tmp_path)
+
+    loaded, tokenizer = load_backbone(backbone_cfg(tmp_path, dtype="bfloat16"))
+    assert loaded.dtype == torch.bfloat16 and not loaded.training
+    assert tokenizer.pad_token_id is not None
+    ids = tokenizer("Question: 2 + 3?", return_tensors="pt")
+    out = loaded.generate(**ids, max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 3
+    # Same weights as saved (bf16 cast aside).
+    ref = model.model.layers[0].self_attn.q_proj.weight.to(torch.bfloat16)
+    assert torch.equal(loaded.model.layers[0].self_attn.q_proj.weight, ref)
+
+
+def test_missing_target_module_is_named(tiny_backbone_dir):
+    with pytest.raises(BackboneError, match=r"\['wq'\] not found in the model"):
+        load_backbone(backbone_cfg(tiny_backbone_dir, target_modules=["q_proj", "wq"]))
+
+
+def test_missing_local_folder_is_an_error():
+    with pytest.raises(BackboneError, match=r"backbone.path='assets/nope': local folder does not exist"):
+        resolve_path("assets/nope")
+
+
+def test_hub_ids_pass_through_and_key_tracks_weights(tiny_backbone_dir, tmp_path):
+    assert resolve_path("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    key = backbone_key(backbone_cfg(tiny_backbone_dir))
+    assert key == backbone_key(backbone_cfg(tiny_backbone_dir))
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_backbone_dir, copy)
+    assert backbone_key(backbone_cfg(copy)) == key  # same files, same key
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"hidden_size": 32', '"hidden_size": 32 '))
+    assert backbone_key(backbone_cfg(copy)) != key

@@ -1,0 +1,102 @@
+"""The one training loop: response-only loss, loss falls, checkpoints, exact resume after a signal."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from baselines.lora import LoRA
+from experiments.backbones import load_backbone
+from experiments.config import BackboneConfig
+from experiments.methods import RunContext
+from experiments.prompts import code_instruction_prompt, encode_pair
+from experiments.train import DataStream, Preempted, checkpoint_paths, seed_everything, train
+from tests.conftest import tiny_code
+
+
+def setup(backbone_dir, run_dir: Path, method=None):
+    seed_everything(0)
+    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
+                         {"name": "tiny", "path": str(backbone_dir), "target_modules": ["q_proj", "v_proj", "up_proj"]})
+    model, tok = load_backbone(bb)
+    cfg = OmegaConf.create({"backbone": OmegaConf.to_container(bb)})
+    ctx = RunContext(cfg=cfg, tokenizer=tok, benchmark=None, run_dir=run_dir, seed=0)
+    method = method or LoRA(rank=4, alpha=8)
+    model = method.prepare(model, ctx)
+    items = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
+              "response": p["canonical_solution"]} for p in tiny_code(10)]
+    examples = [encode_pair(tok, code_instruction_prompt(i), i["response"], 96) for i in items]
+    return model, method, examples, ctx, tok
+
+
+def run_train(model, method, examples, ctx, tok, steps=8, lr=5e-3, **kw):
+    return train(model, method, examples, ctx, steps=steps, lr=lr, batch_size=4, grad_accum=2,
+                 pad_id=tok.pad_token_id, checkpoint_every=3, progress=False, **kw)
+
+
+def test_encode_pair_masks_the_prompt(tiny_backbone_dir):
+    _, _, examples, _, tok = setup(tiny_backbone_dir, Path("/nonexistent"))
+    ex = examples[0]
+    n_prompt = sum(1 for l in ex["labels"] if l == -100)
+    assert n_prompt > 0 and all(l == -100 for l in ex["labels"][:n_prompt])
+    assert ex["labels"][n_prompt:] == ex["input_ids"][n_prompt:]
+    assert ex["input_ids"][-1] == tok.eos_token_id
+    assert tok.decode(ex["input_ids"][n_prompt:-1]) == tiny_code(1)[0]["canonical_solution"]
+
+
+def test_loss_falls(tiny_backbone_dir, tmp_path):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    result = run_train(model, method, examples, ctx, tok, steps=30, lr=3e-2)
+    assert len(result.losses) == 30
+    assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5 - 0.2  # nats
+    assert result.tokens_seen > 0 and result.train_seconds > 0
+
+
+def test_data_stream_resumes_the_same_order():
+    a = DataStream(7, seed=3)
+    first = a.take(10)
+    b = DataStream(7, seed=3)
+    b.restore(a.state())
+    assert a.take(12) == b.take(12)
+    assert sorted(first[:7]) == list(range(7))  # an epoch is a permutation
+
+
+class SignalAt(LoRA):
+    """LoRA that sends itself a signal after a given optimizer step (a kill arriving mid-training)."""
+
+    def __init__(self, at_step, signum, **kw):
+        super().__init__(**kw)
+        self.at_step, self.signum = at_step, signum
+
+    def after_step(self, model, ctx):
+        if ctx.step == self.at_step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
+def test_signal_checkpoints_and_resume_matches_uninterrupted(tiny_backbone_dir, tmp_path, signum):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path / "straight")
+    straight = run_train(model, method, examples, ctx, tok)
+
+    run_dir = tmp_path / "interrupted"
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, run_dir, SignalAt(4, signum, rank=4, alpha=8))
+    with pytest.raises(Preempted) as info:
+        run_train(model, method, examples, ctx, tok)
+    assert info.value.step == 4 and checkpoint_paths(run_dir)[-1].name == "step_00000004.pt"
+
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, run_dir)  # a fresh process would do the same
+    resumed = run_train(model, method, examples, ctx, tok)
+    assert resumed.resumed_from == 4
+    assert resumed.losses[:4] == straight.losses[:4]
+    assert resumed.final_loss == pytest.approx(straight.final_loss, rel=1e-6, abs=1e-7)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+
+def test_checkpoints_are_pruned_and_final_step_saved(tiny_backbone_dir, tmp_path):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    run_train(model, method, examples, ctx, tok, steps=8, keep_checkpoints=2)
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000006.pt", "step_00000008.pt"]
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
