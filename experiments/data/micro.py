@@ -587,6 +587,24 @@ def code_family(task_id: str) -> str:
     return task_id.split("/")[2]
 
 
+_PREFIXES = {"total_": "together", "more_": "how_many_more", "enough_": "enough", "sum_": "sum_days",
+             "days_over_": "days_over", "each_": "each_more", "add_": "add_suffix", "repeat_": "repeat",
+             "largest_": "pick", "smallest_": "pick", "first_": "pick", "last_": "pick"}
+_SUFFIXES_OF_NAME = {"_now": "add_more", "_left": "take_away", "_at_end": "two_steps", "_in_boxes": "boxes"}
+
+
+def code_family_of_prompt(prompt: str) -> str:
+    """The family of a micro code prompt, read from its function name (instruction items carry no task id)."""
+    fname = prompt.split("(", 1)[0].removeprefix("def ")
+    for prefix, family in _PREFIXES.items():
+        if fname.startswith(prefix):
+            return family
+    for suffix, family in _SUFFIXES_OF_NAME.items():
+        if fname.endswith(suffix):
+            return family
+    raise ValueError(f"not a micro code prompt: {fname!r}")
+
+
 def _code_splits(seed: int, sizes: MicroSizes) -> dict:
     rng = random.Random(f"{seed}/code")
     seen: set[str] = set()

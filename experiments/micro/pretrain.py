@@ -50,7 +50,7 @@ class Recipe:
 
     seed: int = 0
     steps: int = 2600
-    minutes: float = 17.0
+    minutes: float = 14.0
     vocab_size: int = 1024
     hidden_size: int = 192
     num_layers: int = 4
@@ -165,12 +165,25 @@ def build_model(recipe: Recipe, tokenizer):
     return Qwen3ForCausalLM(config)
 
 
-def lr_at(step: int, recipe: Recipe) -> float:
+def lr_at(step: int, recipe: Recipe, progress: Optional[float] = None) -> float:
+    """Learning rate: linear warmup over `warmup_steps`, then cosine decay to `min_lr_ratio * lr`.
+
+    `progress` (0..1) is how far the run is; by default `step / steps`. The recipe passes the
+    larger of the step fraction and the fraction of the wall-clock budget used, so a run slowed
+    down by a busy machine still anneals fully before its time cap.
+    """
     if step < recipe.warmup_steps:
         return recipe.lr * (step + 1) / recipe.warmup_steps
-    progress = min(1.0, (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps))
+    if progress is None:
+        progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    progress = min(1.0, max(0.0, progress))
     cosine = 0.5 * (1 + math.cos(math.pi * progress))
     return recipe.lr * (recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * cosine)
+
+
+def run_progress(step: int, elapsed_s: float, recipe: Recipe) -> float:
+    """Fraction of the run done: steps done over `steps`, or wall time over `minutes`, whichever is larger."""
+    return max(step / recipe.steps, elapsed_s / (recipe.minutes * 60))
 
 
 def quick_checks(model, tokenizer, splits: dict, n: Optional[int], with_code: bool = False) -> dict:
@@ -256,18 +269,19 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
     checks: list[dict] = []
     model.train()
     t_train = time.time()
-    deadline = t_train + recipe.minutes * 60
-    stopped_early = False
+    stopped_by_time = False
     tokens_seen = 0
     bar = tqdm(range(recipe.steps), desc="pretrain", dynamic_ncols=True)
     for step in bar:
-        if time.time() > deadline:
-            stopped_early = True
+        progress = run_progress(step, time.time() - t_train, recipe)
+        if progress >= 1.0:
+            stopped_by_time = True
             break
+        lr = lr_at(step, recipe, progress)
         idx = order[(torch.arange(recipe.batch_size) + step * recipe.batch_size) % len(blocks)]
         batch = blocks[idx]
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, recipe)
+            group["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
@@ -276,7 +290,7 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
         tokens_seen += batch[:, 1:].numel()
-        history.append({"step": step, "loss": loss.item(), "lr": lr_at(step, recipe), "t": time.time() - t_train})
+        history.append({"step": step, "loss": loss.item(), "lr": lr, "t": time.time() - t_train})
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / (time.time() - t_train):.0f}")
         if (step + 1) % recipe.eval_every == 0 and step + 1 < recipe.steps:
             c = quick_checks(model, tokenizer, splits, recipe.quick_eval_items)
@@ -310,7 +324,7 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
         "params": n_params,
         "tokens_seen": tokens_seen,
         "steps_done": steps_done,
-        "stopped_by_time_cap": stopped_early,
+        "stopped_by_time_cap": stopped_by_time,
         "tokens_per_s": tokens_seen / max(timings["train_s"], 1e-9),
         "timings_s": timings,
         "final_loss": history[-1]["loss"] if history else None,
