@@ -55,12 +55,13 @@ class EvalConfig:
     max_target_problems: Optional[int] = None
 
     # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
-    sandbox_timeout_s: float = 10.0
-    sandbox_cpu_s: float = 10.0
+    sandbox_timeout_s: float = 10.0  # wall-clock limit per program
+    sandbox_cpu_seconds: int = 10
     sandbox_memory_mb: int = 1024
-    sandbox_max_output_bytes: int = 1_000_000
-    sandbox_max_file_bytes: int = 10_000_000
-    sandbox_max_processes: int = 0
+    sandbox_file_size_mb: int = 16
+    sandbox_max_output_bytes: int = 65536
+    sandbox_max_processes: int = 64
+    sandbox_network: bool = False
     sandbox_workers: int = 2
 
     # Optional lm-evaluation-harness deltas. Task names `atlas_<domain>` are local tasks over the
@@ -85,21 +86,22 @@ class EvalConfig:
             "max_new_tokens_code",
             "top_k",
             "n_samples",
+            "sandbox_cpu_seconds",
             "sandbox_memory_mb",
+            "sandbox_file_size_mb",
             "sandbox_max_output_bytes",
-            "sandbox_max_file_bytes",
+            "sandbox_max_processes",
             "sandbox_workers",
             "lm_eval_batch_size",
         ):
             _require_int(self, name, minimum=1)
-        _require_int(self, "sandbox_max_processes", minimum=0)
         for name in ("reference_seed", "sample_seed"):
             _require_int(self, name, minimum=None)
-        for name in ("reference_sampling",):
+        for name in ("reference_sampling", "sandbox_network"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
         for name in ("reference_temperature", "sample_temperature", "logprob_budget_mb",
-                     "sandbox_timeout_s", "sandbox_cpu_s"):
+                     "sandbox_timeout_s"):
             _require_positive_float(self, name)
         top_p = self.sample_top_p
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
@@ -136,6 +138,20 @@ class EvalConfig:
             }[kind]
         except KeyError:
             raise ValueError(f"kind {kind!r} has no max_new_tokens; allowed: math, choice, code") from None
+
+    def sandbox_limits(self):
+        """The `SandboxLimits` every generated program runs under."""
+        from experiments.evaluation.sandbox import SandboxLimits
+
+        return SandboxLimits(
+            wall_seconds=float(self.sandbox_timeout_s),
+            cpu_seconds=int(self.sandbox_cpu_seconds),
+            memory_mb=int(self.sandbox_memory_mb),
+            file_size_mb=int(self.sandbox_file_size_mb),
+            max_output_bytes=int(self.sandbox_max_output_bytes),
+            max_processes=int(self.sandbox_max_processes),
+            network=bool(self.sandbox_network),
+        )
 
     def resolved_cache_dir(self) -> Path:
         """The reference cache folder: `cache_dir`, else $ATLAS_CACHE_DIR, else ~/.cache/atlas-suite/reference."""
