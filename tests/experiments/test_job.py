@@ -1,0 +1,102 @@
+"""One run end to end through `python run.py` on a tiny backbone: record, skip, resume after SIGTERM, failure record."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.records import RECORD_NAME
+from tests.conftest import REPO, run_cli, tiny_overrides
+
+
+def only_run_dir(root):
+    dirs = [d for d in root.iterdir() if d.is_dir() and (d / RECORD_NAME).exists() or (d / "checkpoints").exists()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def record_of(root):
+    return json.loads((only_run_dir(root) / RECORD_NAME).read_text())
+
+
+@pytest.fixture
+def overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
+    def make(run_root, **extra):
+        return tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, run_root, tmp_path / "cache", **extra)
+    return make
+
+
+def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
+    args = ["method=lora", *overrides(tmp_path / "runs")]
+    first = run_cli(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rec = record_of(tmp_path / "runs")
+    assert rec["status"] == "complete" and rec["method"] == "lora" and rec["seed"] == 0
+    assert rec["train"]["steps"] == 6 and len(rec["train"]["losses"]) == 6
+    assert rec["cost"]["trainable_params"] > 0 and rec["cost"]["stored_bytes"] > 0
+    assert set(rec["metrics"]["retained"]) == {"math", "commonsense"}
+    assert "retained_kl_mean" in rec["metrics"] and "pass@1" in rec["metrics"]["target"]
+    prov = rec["provenance"]
+    assert len(prov["git_sha"]) == 40 and isinstance(prov["git_dirty"], bool) and prov["packages"]["torch"]
+    assert not list(only_run_dir(tmp_path / "runs").glob(".*.tmp"))
+
+    second = run_cli(args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"{rec['run_id']}: complete record" in second.stdout and "skipped" in second.stdout
+    assert "[train]" not in second.stdout and "train lora" not in second.stderr  # no training happened
+    assert record_of(tmp_path / "runs") == rec
+
+
+def test_base_method_trains_nothing_and_matches_itself(overrides, tmp_path):
+    proc = run_cli(["method=base", *overrides(tmp_path / "runs")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = record_of(tmp_path / "runs")
+    assert rec["train"] is None and rec["cost"]["trainable_params"] == 0
+    for domain, m in rec["metrics"]["retained"].items():
+        assert abs(m["kl_token_mean"]) < 1e-6, (domain, m)
+    assert rec["metrics"]["retained"]["math"]["answer_change_rate"]["rate"] == 0.0
+
+
+def test_sigterm_mid_training_then_rerun_resumes_to_the_same_final_loss(overrides, tmp_path):
+    slow = ["train.steps=40", "train.checkpoint_every=3"]
+    straight = run_cli(["method=lora", *overrides(tmp_path / "straight"), *slow])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    args = ["method=lora", *overrides(tmp_path / "killed"), *slow]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Kill as soon as the first periodic checkpoint exists: training is then mid-way.
+    deadline = time.time() + 180
+    while time.time() < deadline and not list((tmp_path / "killed").glob("*/checkpoints/step_00000003.pt")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, log[-3000:]
+    assert "SIGTERM: checkpoint saved at step" in log, log[-3000:]
+    killed_step = int(log.split("SIGTERM: checkpoint saved at step ")[1].split()[0])
+    assert 3 <= killed_step < 40
+    assert record_of(tmp_path / "killed")["status"] == "interrupted"
+
+    resumed = run_cli(args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from checkpoint step_{killed_step:08d}.pt at step {killed_step}" in resumed.stdout
+    a, b = record_of(tmp_path / "straight"), record_of(tmp_path / "killed")
+    assert b["status"] == "complete" and b["train"]["resumed_from"] == killed_step
+    assert b["train"]["losses"] == pytest.approx(a["train"]["losses"], rel=1e-6)
+    assert b["train"]["final_loss"] == pytest.approx(a["train"]["final_loss"], rel=1e-6)
+
+
+def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
+    args = ["method=lora", "+method.explode_at=2", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
+            *overrides(tmp_path / "runs")]
+    proc = run_cli(args)
+    assert proc.returncode != 0
+    rec = record_of(tmp_path / "runs")
+    assert rec["status"] == "failed"
+    assert rec["error"]["type"] == "RuntimeError" and rec["error"]["message"] == "boom at step 2"
+    assert "Traceback" in rec["error"]["traceback"] and "after_step" in rec["error"]["traceback"]
