@@ -89,7 +89,7 @@ def run_lm_eval(
     tokenizer: Any,
     tasks: Sequence[str],
     limit: Optional[int] = None,
-    include_path: Optional[str | Path] = None,
+    include_path: Optional[str | Path | Sequence[str | Path]] = None,
     *,
     include_defaults: Optional[bool] = None,
     batch_size: int = 8,
@@ -110,7 +110,10 @@ def run_lm_eval(
         return {}
     if include_defaults is None:
         include_defaults = any(not t.startswith(LOCAL_PREFIX) for t in tasks)
-    manager = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=include_defaults)
+    if isinstance(include_path, (str, Path)):
+        include_path = [include_path]
+    paths = [str(p) for p in include_path] if include_path else None
+    manager = TaskManager(include_path=paths, include_defaults=include_defaults)
     was_training = model.training
     model.eval()
     try:

@@ -1,0 +1,242 @@
+"""Evaluate one run: target pass@k in the sandbox, retained KL and answer-level stability, optional lm-eval.
+
+Retained metrics are computed on each retained domain's *evaluation* split against the reference
+cache of the separately loaded frozen base (`reference_cache.get_reference`):
+
+- `kl_token_mean`, `kl_seq_mean`, `n_tokens`, `n`: KL(base || adapted) teacher-forced on the base's
+  cached reference responses (`retained_kl`);
+- math: the adapted model's greedy answers vs the base's cached greedy answers
+  (`answer_change_rate`), and both models' accuracy against the gold final number;
+- choice: the adapted model's raw and character-normalised choices vs the base's
+  (`choice_flip_rate`, `choice_flip_rate_norm`), and both models' accuracy (raw and normalised).
+
+Every rate is a dict carrying its `n`. `retained_kl_mean` is the mean of `kl_token_mean` over
+domains. Code: pass@1 from one greedy completion per problem; pass@k (k > 1) from `n_samples`
+sampled completions with the unbiased estimator; every program runs in the sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+from experiments import prompts as P
+from experiments.evaluation.config import EvalConfig, as_eval_config
+from experiments.evaluation.generation import generate, pad_token_id
+from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, get_reference
+from experiments.evaluation.retained_kl import retained_kl
+from experiments.evaluation.scoring import score_choices
+
+
+def evaluate_run(
+    model: Any,
+    base_model: ModelOrFactory,
+    tokenizer: Any,
+    benchmark: Any,
+    cfg: EvalConfig,
+    backbone_key: str,
+    chat_template: bool,
+    progress: bool = True,
+) -> dict:
+    """All metrics of one run (see the module docstring and docs/evaluation.md).
+
+    `model` is the adapted model; `base_model` the separately loaded frozen base, or a
+    zero-argument callable returning it.
+    """
+    cfg = as_eval_config(cfg).validate()
+    t_start = time.perf_counter()
+    timing: dict[str, Any] = {"generation_s": 0.0, "generated_tokens": 0}
+
+    t = time.perf_counter()
+    ref = get_reference(base_model, tokenizer, benchmark, cfg, backbone_key, chat_template, progress=progress)
+    timing["reference_s"] = time.perf_counter() - t
+    timing["reference_hit"] = bool(ref.stats["hit"])
+    timing["reference_build_s"] = 0.0 if ref.stats["hit"] else float(ref.stats["build_s"])
+    timing["reference_cold_build_s"] = float(ref.stats["build_s"])
+
+    retained, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing)
+    target = _target(model, tokenizer, benchmark, cfg, chat_template, progress, timing)
+
+    out: dict[str, Any] = {
+        "target": target,
+        "retained": retained,
+        "retained_kl_mean": (sum(d["kl_token_mean"] for d in retained.values()) / len(retained))
+        if retained else float("nan"),
+    }
+    if cfg.lm_eval_tasks:
+        t = time.perf_counter()
+        out["lm_eval"] = _lm_eval(model, base_model, tokenizer, benchmark, cfg, chat_template, ref)
+        timing["lm_eval_s"] = time.perf_counter() - t
+    timing["decode_tokens_per_s"] = (
+        timing["generated_tokens"] / timing["generation_s"] if timing["generation_s"] > 0 else None
+    )
+    timing["total_s"] = time.perf_counter() - t_start
+    out["timing"] = timing
+    return out
+
+
+def _timed_generate(timing: dict, *args, **kwargs):
+    t = time.perf_counter()
+    res = generate(*args, **kwargs)
+    timing["generation_s"] += time.perf_counter() - t
+    timing["generated_tokens"] += sum(len(ids) for ids in res.token_ids)
+    return res
+
+
+def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing):
+    from experiments.evaluation.answers import accuracy, answer_change_rate, choice_flip_rate, extract_math_answer
+
+    pad_id = pad_token_id(tokenizer)
+    kl_s = 0.0
+    retained: dict[str, dict] = {}
+    for name, dom in ref.domains.items():
+        ev = dom.evaluation
+        t = time.perf_counter()
+        kl = retained_kl(model, ev.prompt_ids, ev.response_ids, ev.logprobs, pad_id=pad_id,
+                         batch_size=cfg.scoring_batch_size, progress=progress, desc=f"retained KL {name}")
+        kl_s += time.perf_counter() - t
+        entry: dict[str, Any] = {k: kl[k] for k in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n")}
+        entry["kl_storage"] = kl["mode"]
+        if dom.kind == "math":
+            adapted = _timed_generate(
+                timing, model, tokenizer, ev.prompts, max_new_tokens=cfg.max_new_tokens_math,
+                batch_size=cfg.generation_batch_size, progress=progress, desc=f"greedy {name}",
+            )
+            adapted_answers = [extract_math_answer(text) for text in adapted.texts]
+            gold = [extract_math_answer(item["answer"]) for item in ev.items]
+            entry["answer_change_rate"] = answer_change_rate(ev.greedy_answers, adapted_answers)
+            entry["base_accuracy"] = accuracy(ev.greedy_answers, gold)
+            entry["adapted_accuracy"] = accuracy(adapted_answers, gold)
+        elif dom.kind == "choice":
+            scores = score_choices(model, tokenizer, ev.items, chat_template=chat_template,
+                                   batch_size=cfg.scoring_batch_size, progress=progress)
+            gold = [item["answer_index"] for item in ev.items]
+            entry["choice_flip_rate"] = choice_flip_rate(ev.choice, scores.choice)
+            entry["choice_flip_rate_norm"] = choice_flip_rate(ev.choice_norm, scores.choice_norm)
+            entry["base_accuracy"] = accuracy(ev.choice, gold)
+            entry["adapted_accuracy"] = accuracy(scores.choice, gold)
+            entry["base_accuracy_norm"] = accuracy(ev.choice_norm, gold)
+            entry["adapted_accuracy_norm"] = accuracy(scores.choice_norm, gold)
+        else:
+            raise ValueError(f"retained domain {name!r}: kind {dom.kind!r}; allowed: math, choice")
+        retained[name] = entry
+    return retained, kl_s
+
+
+def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing) -> dict:
+    from experiments.evaluation.code_completion import build_program, truncate_completion
+    from experiments.evaluation.pass_at_k import summarize_pass_at_k
+    from experiments.evaluation.sandbox import check_programs
+
+    problems = list(benchmark.target_eval)
+    if cfg.max_target_problems is not None:
+        problems = problems[: cfg.max_target_problems]
+    prompts = [P.apply_template(tokenizer, P.code_problem_prompt(p), chat_template) for p in problems]
+    limits = cfg.sandbox_limits()
+    failures: Counter = Counter()
+    execution_s = 0.0
+
+    def run(problem_list, texts):
+        nonlocal execution_s
+        programs = [build_program(p, truncate_completion(text)) for p, text in zip(problem_list, texts)]
+        t = time.perf_counter()
+        results = check_programs(programs, limits, workers=cfg.sandbox_workers, progress=progress)
+        execution_s += time.perf_counter() - t
+        failures.update(r.status for r in results if not r.passed)
+        return results
+
+    greedy = _timed_generate(timing, model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens_code,
+                             batch_size=cfg.generation_batch_size, progress=progress, desc="code greedy")
+    greedy_results = run(problems, greedy.texts)
+    target = dict(summarize_pass_at_k([[r.passed] for r in greedy_results], [1]))
+
+    ks = sorted(k for k in cfg.pass_k if k > 1)
+    if ks:
+        n = cfg.n_samples
+        sampled = _timed_generate(
+            timing, model, tokenizer, [p for p in prompts for _ in range(n)],
+            max_new_tokens=cfg.max_new_tokens_code, do_sample=True, temperature=cfg.sample_temperature,
+            top_p=cfg.sample_top_p, seed=cfg.sample_seed,
+            sample_indices=[j for _ in prompts for j in range(n)],
+            batch_size=cfg.generation_batch_size, progress=progress, desc="code samples",
+        )
+        sampled_results = run([p for p in problems for _ in range(n)], sampled.texts)
+        per_problem = [[r.passed for r in sampled_results[i * n:(i + 1) * n]] for i in range(len(problems))]
+        sampled_summary = summarize_pass_at_k(per_problem, ks)
+        for k in ks:
+            target[f"pass@{k}"] = sampled_summary[f"pass@{k}"]
+        target["n_samples"] = n
+    target["n_problems"] = len(problems)
+    target["failures"] = dict(sorted(failures.items()))
+    timing["execution_s"] = execution_s
+    return target
+
+
+def _lm_eval(model, base_model, tokenizer, benchmark, cfg: EvalConfig, chat_template, ref: ReferenceCache) -> dict:
+    """lm-eval accuracy of the adapted model and of the base, and their difference (adapted - base).
+
+    Task names `atlas_<domain>` are rendered as local tasks over that retained domain's
+    evaluation items (so they run offline); other names resolve through lm-eval's registry and
+    `lm_eval_include_path`.
+    """
+    from experiments.evaluation.lm_eval_runner import LOCAL_PREFIX, run_lm_eval, write_jsonl, write_local_tasks
+    from experiments.evaluation.reference_cache import _resolve
+
+    with tempfile.TemporaryDirectory(prefix="atlas-lm-eval-") as tmp:
+        tmp_dir = Path(tmp)
+        local = {}
+        for task in cfg.lm_eval_tasks:
+            if task.startswith(LOCAL_PREFIX):
+                domain = task[len(LOCAL_PREFIX):]
+                if domain not in ref.domains:
+                    raise ValueError(
+                        f"eval.lm_eval_tasks: local task {task!r} names no retained domain; "
+                        f"allowed: {[LOCAL_PREFIX + d for d in ref.domains]}"
+                    )
+                dom = ref.domains[domain]
+                local[task] = (dom.kind, write_jsonl(dom.evaluation.items, tmp_dir / "data" / f"{domain}.jsonl"))
+        include: list[str] = []
+        if local:
+            include.append(str(write_local_tasks(tmp_dir / "tasks", local, max_gen_toks=cfg.max_new_tokens_math)))
+        if cfg.lm_eval_include_path:
+            include.append(cfg.lm_eval_include_path)
+        kw = dict(tasks=cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,
+                  include_path=(include if len(include) > 1 else (include[0] if include else None)),
+                  batch_size=cfg.lm_eval_batch_size, chat_template=chat_template)
+        adapted = run_lm_eval(model, tokenizer, **kw)
+        # The base's numbers are the same for every run of a sweep: kept next to the reference cache.
+        base_file = ref.path / f"lm_eval_base-{_lm_eval_key(cfg, chat_template, tmp_dir)}.json"
+        if base_file.is_file():
+            base = json.loads(base_file.read_text())
+        else:
+            base = run_lm_eval(_resolve(base_model), tokenizer, **kw)
+            tmp_file = base_file.with_name(f".{base_file.name}.tmp-{os.getpid()}")
+            tmp_file.write_text(json.dumps(base))
+            os.replace(tmp_file, base_file)
+    delta = {
+        task: {m: adapted[task][m] - base[task][m] for m in adapted[task] if m != "n" and m in base.get(task, {})}
+        for task in adapted
+    }
+    return {"adapted": adapted, "base": base, "delta": delta}
+
+
+def _lm_eval_key(cfg: EvalConfig, chat_template: bool, local_dir: Path) -> str:
+    """Hash of what the base's lm-eval numbers depend on beyond the reference key (the folder's name)."""
+    import lm_eval
+
+    h = hashlib.sha256(json.dumps({
+        "tasks": list(cfg.lm_eval_tasks), "limit": cfg.lm_eval_limit, "chat_template": bool(chat_template),
+        "include_path": cfg.lm_eval_include_path, "lm_eval": getattr(lm_eval, "__version__", "?"),
+        "max_gen_toks": cfg.max_new_tokens_math,
+    }, sort_keys=True).encode())
+    for f in sorted(local_dir.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(local_dir).as_posix().encode())
+            h.update(f.read_bytes().replace(str(local_dir).encode(), b""))
+    return h.hexdigest()[:24]

@@ -1,0 +1,153 @@
+import pytest
+from eval_tiny_lm import perturbed_copy, tiny_model, tiny_tokenizer
+from omegaconf import OmegaConf
+from test_reference_cache import fake_benchmark
+
+import experiments.evaluation.evaluate as ev
+from experiments.evaluation.config import CACHE_ENV, EvalConfig, as_eval_config, resolve_cache_dir
+from experiments.evaluation.generation import GenerationOutput
+from experiments.evaluation.retained_kl import model_kl
+
+PROBLEMS = [
+    {"task_id": "t/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n",
+     "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add"},
+    {"task_id": "t/1", "prompt": "def neg(a):\n", "canonical_solution": "    return -a\n",
+     "test": "def check(candidate):\n    assert candidate(4) == -4\n", "entry_point": "neg"},
+]
+
+
+def bench_with_code():
+    b = fake_benchmark()
+    b.target_eval = [dict(p) for p in PROBLEMS]
+    return b
+
+
+def _cfg(tmp_path, **kw):
+    base = dict(cache_dir=str(tmp_path / "cache"), max_new_tokens_math=8, max_new_tokens_choice=4,
+                max_new_tokens_code=8, generation_batch_size=4, scoring_batch_size=4,
+                logprob_dtype="float32", sandbox_timeout_s=5.0, sandbox_workers=2)
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    tok = tiny_tokenizer()
+    return tiny_model(tok, seed=21), tok
+
+
+def test_base_against_itself_is_zero_everywhere(lm, tmp_path):
+    model, tok = lm
+    bench, cfg = bench_with_code(), _cfg(tmp_path, pass_k=[1, 2], n_samples=2)
+    first = ev.evaluate_run(model, model, tok, bench, cfg, "tiny/e2e", chat_template=False, progress=False)
+    second = ev.evaluate_run(model, lambda: model, tok, bench, cfg, "tiny/e2e", chat_template=False,
+                             progress=False)
+    assert first["timing"]["reference_hit"] is False and second["timing"]["reference_hit"] is True
+    assert second["timing"]["reference_build_s"] == 0.0 and first["timing"]["reference_build_s"] > 0
+    for key in ("kl_s", "generation_s", "execution_s", "total_s", "decode_tokens_per_s"):
+        assert first["timing"][key] > 0, key
+    for res in (first, second):
+        assert set(res["retained"]) == {"math", "commonsense"}
+        for domain, m in res["retained"].items():
+            assert abs(m["kl_token_mean"]) < 1e-6 and abs(m["kl_seq_mean"]) < 1e-6, (domain, m)
+            assert m["n"] == len(bench.retained[domain].evaluation) and m["n_tokens"] > 0
+        math, cs = res["retained"]["math"], res["retained"]["commonsense"]
+        assert math["answer_change_rate"] == {"rate": 0.0, "n": 3}
+        assert math["base_accuracy"] == math["adapted_accuracy"] and math["base_accuracy"]["n"] == 3
+        assert cs["choice_flip_rate"] == {"rate": 0.0, "n": 2} and cs["choice_flip_rate_norm"]["rate"] == 0.0
+        assert cs["base_accuracy"] == cs["adapted_accuracy"] and cs["base_accuracy_norm"] == cs["adapted_accuracy_norm"]
+        assert abs(res["retained_kl_mean"]) < 1e-6
+        t = res["target"]
+        assert t["n_problems"] == 2 and 0.0 <= t["pass@1"] <= 1.0 and 0.0 <= t["pass@2"] <= 1.0
+        assert sum(t["failures"].values()) <= 2 + 4
+    assert first["target"] == second["target"]
+
+
+def test_adapted_model_kl_matches_live_computation(lm, tmp_path):
+    model, tok = lm
+    adapted = perturbed_copy(model, tok, scale=0.3, seed=3)
+    bench, cfg = bench_with_code(), _cfg(tmp_path, max_target_problems=1)
+    res = ev.evaluate_run(adapted, model, tok, bench, cfg, "tiny/e2e", chat_template=False, progress=False)
+    ref = ev.get_reference(model, tok, bench, cfg, "tiny/e2e", False)
+    kls = []
+    for name, m in res["retained"].items():
+        split = ref.domains[name].evaluation
+        live = model_kl(model, adapted, split.prompt_ids, split.response_ids, pad_id=tok.pad_token_id,
+                        batch_size=2)["exact"]
+        assert m["kl_token_mean"] == pytest.approx(live["kl_token_mean"], rel=1e-4) and m["kl_token_mean"] > 1e-3
+        assert m["kl_seq_mean"] == pytest.approx(live["kl_seq_mean"], rel=1e-4)
+        kls.append(m["kl_token_mean"])
+    assert res["retained_kl_mean"] == pytest.approx(sum(kls) / len(kls))
+    assert res["target"]["n_problems"] == 1
+
+
+def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
+    """Greedy completions: the right body for one problem, a wrong one for the other -> pass@1 = 0.5."""
+    model, tok = lm
+    real = ev._timed_generate
+
+    def fake(timing, m, t, prompts, **kw):
+        if not kw.get("desc", "").startswith("code"):
+            return real(timing, m, t, prompts, **kw)
+        texts = ["    return a + b\n" if "def add" in p else "    return a\n" for p in prompts]
+        return GenerationOutput(texts=texts, token_ids=[[1]] * len(texts), stopped=[True] * len(texts))
+
+    monkeypatch.setattr(ev, "_timed_generate", fake)
+    res = ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False,
+                          progress=False)
+    assert res["target"]["pass@1"] == pytest.approx(0.5)
+    assert res["target"]["n_problems"] == 2 and sum(res["target"]["failures"].values()) == 1
+
+
+def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    model, tok = lm
+    cfg = _cfg(tmp_path, lm_eval_tasks=["atlas_math", "atlas_commonsense"], lm_eval_limit=2,
+               max_target_problems=1)
+    res = ev.evaluate_run(model, model, tok, bench_with_code(), cfg, "tiny/e2e", chat_template=False, progress=False)
+    out = res["lm_eval"]
+    assert out["adapted"]["atlas_math"]["n"] == 2 and "exact_match" in out["adapted"]["atlas_math"]
+    assert set(out["adapted"]["atlas_commonsense"]) >= {"acc", "acc_norm", "n"}
+    assert out["delta"]["atlas_commonsense"] == {"acc": 0.0, "acc_norm": 0.0}
+    assert out["base"] == out["adapted"]
+    cached = list(ev.get_reference(model, tok, bench_with_code(), cfg, "tiny/e2e", False).path.glob("lm_eval_base-*.json"))
+    assert len(cached) == 1
+    bad = _cfg(tmp_path, lm_eval_tasks=["atlas_nope"], max_target_problems=1)
+    with pytest.raises(ValueError, match="atlas_nope"):
+        ev.evaluate_run(model, model, tok, bench_with_code(), bad, "tiny/e2e", chat_template=False, progress=False)
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("generation_batch_size", 0, ">= 1"),
+    ("logprob_dtype", "bfloat16", "float16"),
+    ("pass_k", [1, 5], "n_samples"),
+    ("sample_top_p", 1.5, "(0, 1]"),
+    ("max_items_per_domain", 0, "null or an integer"),
+    ("reference_temperature", 0.0, "> 0"),
+    ("lm_eval_tasks", [""], "non-empty"),
+])
+def test_config_validation_names_key_value_and_allowed(key, value, allowed):
+    with pytest.raises(ValueError) as err:
+        EvalConfig(**{key: value}).validate()
+    msg = str(err.value)
+    expected_key = "n_samples" if key == "pass_k" else key
+    assert expected_key in msg and allowed in msg
+    if key != "pass_k":
+        assert repr(value) in msg
+
+
+def test_config_is_a_structured_config_and_cache_dir_resolves(monkeypatch, tmp_path):
+    node = OmegaConf.structured(EvalConfig)
+    node.pass_k = [1, 4]
+    node.n_samples = 4
+    cfg = as_eval_config(node).validate()
+    assert cfg.pass_k == [1, 4] and cfg.max_new_tokens("choice") == cfg.max_new_tokens_choice
+    with pytest.raises(ValueError, match="unknown key"):
+        as_eval_config({"bogus": 1})
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env"))
+    assert resolve_cache_dir(None) == tmp_path / "env"
+    assert resolve_cache_dir(str(tmp_path / "x")) == tmp_path / "x"
+    monkeypatch.delenv(CACHE_ENV)
+    assert str(resolve_cache_dir(None)).endswith(".cache/atlas-suite/reference")
