@@ -26,14 +26,17 @@ Set-up steps, each driven by the configuration (the parent decides which apply):
   2. in a private mount namespace: tmpfs over /tmp (the work directory lives there) and
      /dev/shm, interpreter directories hidden behind a non-traversable ancestor (``/root`` for
      a pyenv install) re-exposed read-only, every other mount remounted read-only;
-  3. no_new_privs; privileges dropped to the leased uid/gid, or, in a user namespace without a
-     spare uid, a nested user namespace so the program holds no capability over the mounts;
-  4. resource limits (CPU, address space, file size, processes, no core files);
-  5. a supervisor forks the program's process, which compiles and executes the program as
-     ``__main__`` in the work directory.
+  3. a supervisor forks the program's process and stays behind, with its credentials
+     unchanged, to reap it and report how it ended;
+  4. in the program's process: no_new_privs; privileges dropped to the leased uid/gid, or, in
+     a user namespace without a spare uid, a nested user namespace so the program holds no
+     capability over the mounts; resource limits (CPU, address space, file size, processes,
+     no core files); then the program is compiled and executed as ``__main__`` in the work
+     directory.
 """
 import marshal
 import os
+import resource
 import sys
 
 MS_RDONLY = 1
@@ -49,6 +52,7 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 CLONE_NEWUSER = 0x10000000
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
 
 _LOCKED_FLAGS = {
     "nosuid": MS_NOSUID,
@@ -101,10 +105,10 @@ class _Libc:
     def unshare(self, flags):
         self._check(self.lib.unshare(self.ctypes.c_int(flags)), "unshare")
 
-    def no_new_privs(self):
+    def prctl(self, option, value):
         c_ulong = self.ctypes.c_ulong
-        rc = self.lib.prctl(PR_SET_NO_NEW_PRIVS, c_ulong(1), c_ulong(0), c_ulong(0), c_ulong(0))
-        self._check(rc, "prctl(PR_SET_NO_NEW_PRIVS)")
+        rc = self.lib.prctl(self.ctypes.c_int(option), c_ulong(value), c_ulong(0), c_ulong(0), c_ulong(0))
+        self._check(rc, "prctl(%d)" % option)
 
 
 def _unescape_mount_path(path):
@@ -165,8 +169,6 @@ def _setup_mounts(libc, cfg):
 
 
 def _set_limits(cfg):
-    import resource
-
     limits = [
         (resource.RLIMIT_CORE, 0, 0),
         (resource.RLIMIT_CPU, cfg["cpu_seconds"], cfg["cpu_seconds"] + 1),
@@ -241,22 +243,31 @@ def main():
     status = _Status(cfg["status_fd"], cfg["nonce"], os.getpid())
     workdir = cfg["workdir"]
     program_path = os.path.join(workdir, "program.py")
+    uid = cfg["uid"]
     try:
         if cfg["setsid"]:
             os.setsid()
-        libc = _Libc() if (cfg["mount"] or cfg["nested_userns"] or cfg["no_new_privs"]) else None
+        libc = _Libc()
         writable = _setup_mounts(libc, cfg) if cfg["mount"] else []
         if cfg["mount"]:
             os.makedirs(workdir, mode=0o700, exist_ok=True)
         with open(program_path, "w", encoding="utf-8") as fh:
             fh.write(source)
         os.chmod(program_path, 0o644)
-        uid = cfg["uid"]
         if uid is not None:
             os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
-        if cfg["no_new_privs"]:
-            libc.no_new_privs()
+        if not cfg["mount"]:
+            # Without a PID namespace, adopt orphaned descendants so they are reaped here.
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except BaseException as exc:  # noqa: BLE001 - report any set-up failure to the parent
+        status.send("setup", "%s: %s" % (type(exc).__name__, exc))
+        os._exit(70)
+    # The supervisor keeps its credentials: a credential change would clear the parent-death
+    # signal that ``unshare --kill-child`` set, and the namespace must die with ``unshare``.
+    _supervise(status)
+    try:
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -277,7 +288,6 @@ def main():
     sys.dont_write_bytecode = True
     sys.argv[:] = [program_path]
     status.send("ready", ",".join(writable))
-    _supervise(status)
 
     module = type(sys)("__main__")
     module.__file__ = program_path

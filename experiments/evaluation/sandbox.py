@@ -148,7 +148,9 @@ _plan: _Plan | None = None
 _report: dict | None = None
 
 _MODE_ENV = "ATLAS_SANDBOX_MODE"
-_MODES_ROOT = ("namespaces", "setuid", "plain")
+# 'plain' is never chosen automatically for root: root ignores RLIMIT_NPROC, so a fork bomb
+# would be bounded only by the wall clock. ATLAS_SANDBOX_MODE=plain forces it knowingly.
+_MODES_ROOT = ("namespaces", "setuid")
 _MODES_USER = ("userns", "plain")
 
 
@@ -228,6 +230,12 @@ def _make_plan(mode: str) -> _Plan:
     if mode == "setuid":
         if not root:
             raise RuntimeError("mode 'setuid' needs root")
+        hidden = _hidden_ancestors(_interpreter_dirs())
+        if hidden:
+            raise RuntimeError(
+                f"the interpreter is below {', '.join(d for d, _ in hidden)}, which an unprivileged uid cannot "
+                "traverse, and without a mount namespace it cannot be exposed"
+            )
         return _Plan(mode, prefix, prefix, True, False, False, False, (), False, {})
     if mode == "plain":
         return _Plan(mode, prefix, prefix, False, False, False, False, (), not root, {})
@@ -282,12 +290,16 @@ def _describe(plan: _Plan, facts: dict, fallbacks: list[str]) -> dict:
         processes = "RLIMIT_NPROC on the program's own leased uid"
     elif plan.mode == "userns":
         user = "the invoking user, mapped to root of a user namespace, then a nested user namespace without capabilities over the mounts"
-        processes = "RLIMIT_NPROC counted inside the program's user namespace"
+        processes = (
+            "none: the invoking user is root, exempt from RLIMIT_NPROC even in a user namespace"
+            if root
+            else "RLIMIT_NPROC counted inside the program's user namespace"
+        )
     elif plan.mode == "setuid":
         user = f"a leased unprivileged uid per program ({_UID_RANGE.start}-{_UID_RANGE.stop - 1})"
         processes = "RLIMIT_NPROC on the program's own leased uid"
     else:
-        user = "the invoking user" + (" (root: RLIMIT_NPROC is not enforced)" if root else "")
+        user = "the invoking user" + (" (root: RLIMIT_NPROC is not enforced)" if root else ", who can signal the program's parent")
         processes = "none (root ignores RLIMIT_NPROC)" if root else "RLIMIT_NPROC set to the user's current process count + max_processes"
     filesystem = (
         "private mount namespace: everything read-only except a private size-limited tmpfs on /tmp (work directory) and /dev/shm"
@@ -311,7 +323,9 @@ def _describe(plan: _Plan, facts: dict, fallbacks: list[str]) -> dict:
         "writable_outside_workdir": facts["writable_outside_workdir"],
         "user": user,
         "uid_inside": facts["uid"],
-        "processes_limited": not (plan.mode == "plain" and root),
+        # Root (kuid 0) is exempt from RLIMIT_NPROC even inside a user namespace.
+        "processes_limited": not (root and plan.mode in ("plain", "userns")),
+        "signals_contained": (net and facts["ppid"] == 1) or facts["uid"] != os.geteuid(),
         "process_limit": processes,
         "resource_limits": "RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE=0 set in the child before the program runs",
         "wall_clock": "enforced by the parent: SIGKILL to the process group (and with it the namespace)",
@@ -712,8 +726,16 @@ def _classify(events, returncode, timed_out, cpu, limits, err: _Capture) -> tupl
         kind, name, reason = (events["error"] + ["", "", ""])[:3]
         if kind == "memory":
             return "memory", f"{reason} (address-space limit {limits.memory_mb} MB)"
-        if name == "BlockingIOError" and "Errno 11" in reason:
+        if "[Errno 11]" in reason:
             reason += f" (process limit {limits.max_processes})"
+        elif "[Errno 27]" in reason:
+            reason += f" (file size limit {limits.file_size_mb} MB)"
+        elif "[Errno 28]" in reason:
+            reason += f" (work directory tmpfs of {4 * limits.file_size_mb} MB)"
+        elif "[Errno 101]" in reason:
+            reason += " (no network in the sandbox)"
+        elif "[Errno 30]" in reason:
+            reason += " (the filesystem outside the work directory is read-only)"
         return "failed", reason
     if signum is not None:
         name = _signal_name(signum)
