@@ -238,6 +238,7 @@ def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, st
             "stored_bytes": stored_bytes,
             "decode_tokens_per_s": metrics.get("timing", {}).get("decode_tokens_per_s"),
             "eval_seconds": eval_seconds,
+            **method.costs(),
         },
         "timing": metrics.get("timing", {}),
         "provenance": records.provenance(started),

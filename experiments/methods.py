@@ -111,6 +111,10 @@ class Method:
         """Post-hoc interpolation toward the base: the method's update is multiplied by `alpha`."""
         raise NotImplementedError(f"method {self.name!r} has no post-hoc scale")
 
+    def costs(self) -> dict:
+        """Method-specific costs for the record (e.g. atlas bytes, build seconds); merged into `cost`."""
+        return {}
+
     def describe(self) -> dict:
         """Name and hyperparameters, for the result record."""
         return {"name": self.name, **self.hparams}

@@ -1,0 +1,165 @@
+"""The activation atlas of the retained domains: per site, reference centers, radii, directional filters, gate quantile.
+
+Built once per backbone x retained data x seed from the inputs the adapted modules see on the
+retained calibration prompts followed by the base model's own responses (METHOD.md, section 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from atlas.kmeans import kmeans, pairwise_sq_dists
+from experiments.activations import second_moment_basis
+
+EPS = 1e-12
+
+
+@dataclass
+class SiteAtlas:
+    """One site's atlas.
+
+    centers: (K, d) reference centers; sigma2: (K,) mean squared distance of each cluster's members to
+    its center; filters: (K, d, R) orthonormal columns (zero-padded past each cluster's rank);
+    ranks: (K,) filter rank of each cluster; log_q: log of the gate quantile of delta(x) on calibration tokens.
+    """
+
+    centers: torch.Tensor
+    sigma2: torch.Tensor
+    filters: torch.Tensor
+    ranks: torch.Tensor
+    log_q: torch.Tensor
+
+    @property
+    def num_centers(self) -> int:
+        return self.centers.shape[0]
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, K) normalised squared distances ||x - c_k||^2 / sigma_k^2, in float32."""
+        return pairwise_sq_dists(x.float(), self.centers.float()) / self.sigma2.float().clamp_min(EPS)
+
+    def nbytes(self) -> int:
+        """Bytes of the stored tensors (filters counted at their true ranks, as they could be stored packed)."""
+        per = self.centers.element_size()
+        d = self.centers.shape[1]
+        return per * (self.centers.numel() + self.sigma2.numel() + d * int(self.ranks.sum()) + 1) + 4 * self.ranks.numel()
+
+
+def _radii(x: torch.Tensor, centers: torch.Tensor, assign: torch.Tensor) -> torch.Tensor:
+    k = centers.shape[0]
+    d2 = (x - centers[assign]).square().sum(1)
+    sums = torch.zeros(k, dtype=x.dtype, device=x.device).index_add_(0, assign, d2)
+    counts = torch.bincount(assign, minlength=k).to(x.dtype)
+    sigma2 = sums / counts.clamp_min(1)
+    fallback = d2.mean().clamp_min(EPS)  # an empty or single-point cluster borrows the global spread
+    return torch.where((counts > 1) & (sigma2 > EPS), sigma2, fallback)
+
+
+def _filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.shape[1]
+    bases = [second_moment_basis(x[assign == j], energy, max_rank) for j in range(k)]
+    width = max(1, max(b.shape[1] for b in bases))
+    filters = torch.zeros(k, d, width, dtype=x.dtype, device=x.device)
+    for j, b in enumerate(bases):
+        filters[j, :, : b.shape[1]] = b
+    return filters, torch.tensor([b.shape[1] for b in bases], dtype=torch.int32, device=x.device)
+
+
+def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float) -> torch.Tensor:
+    delta = site.delta(x).min(1).values
+    return torch.quantile(delta.clamp_min(EPS).double(), quantile).log().float()
+
+
+def build_site_atlas(
+    x: torch.Tensor,
+    num_centers: int,
+    filter_energy: float,
+    filter_rank: int,
+    gate_quantile: float,
+    seed: int,
+    dtype: Optional[torch.dtype] = None,
+) -> SiteAtlas:
+    """The atlas of one site from its (n, d) calibration inputs (k-means++, radii, filters, gate quantile)."""
+    x = x.float()
+    centers, assign = kmeans(x, num_centers, seed)
+    sigma2 = _radii(x, centers, assign)
+    filters, ranks = _filters(x, assign, centers.shape[0], filter_energy, filter_rank)
+    site = SiteAtlas(centers, sigma2, filters, ranks, torch.tensor(0.0, device=x.device))
+    site.log_q = _gate_log_q(site, x, gate_quantile)
+    return cast(site, dtype) if dtype is not None else site
+
+
+def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: float, seed: int) -> SiteAtlas:
+    """Control: random centers (matching the real centers' norms) and random orthonormal filters of the
+    same ranks; radii and gate quantile calibrated on the same inputs, so only the geometry is random."""
+    g = torch.Generator().manual_seed(seed)
+    x = x.float()
+    k, d = reference.centers.shape
+    direction = torch.randn(k, d, generator=g).to(x.device)
+    centers = direction / direction.norm(dim=1, keepdim=True) * reference.centers.float().to(x.device).norm(dim=1, keepdim=True)
+    assign = pairwise_sq_dists(x, centers).argmin(1)
+    sigma2 = _radii(x, centers, assign)
+    width = reference.filters.shape[2]
+    filters = torch.zeros(k, d, width, device=x.device)
+    for j in range(k):
+        r = int(reference.ranks[j])
+        if r:
+            q, _ = torch.linalg.qr(torch.randn(d, r, generator=g).to(x.device))
+            filters[j, :, :r] = q
+    site = SiteAtlas(centers, sigma2, filters, reference.ranks.clone(), torch.tensor(0.0, device=x.device))
+    site.log_q = _gate_log_q(site, x, gate_quantile)
+    return cast(site, reference.centers.dtype)
+
+
+def cast(site: SiteAtlas, dtype: torch.dtype) -> SiteAtlas:
+    """The same atlas with its floating tensors in `dtype` (log_q stays float32)."""
+    return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), site.filters.to(dtype), site.ranks, site.log_q.float())
+
+
+def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
+    """Write every site's tensors to one safetensors file (filters packed to their true ranks); return bytes."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, s in atlas.items():
+        tensors[f"{name}/centers"] = s.centers.contiguous()
+        tensors[f"{name}/sigma2"] = s.sigma2.contiguous()
+        tensors[f"{name}/ranks"] = s.ranks.contiguous()
+        tensors[f"{name}/log_q"] = s.log_q.reshape(1).contiguous()
+        for j in range(s.num_centers):
+            r = int(s.ranks[j])
+            if r:
+                tensors[f"{name}/filter.{j}"] = s.filters[j, :, :r].contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"atlas": json.dumps(meta)})
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def load_atlas(path: Path) -> tuple[dict[str, SiteAtlas], dict]:
+    """Inverse of `save_atlas`: (site name -> SiteAtlas, metadata)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        meta = json.loads(fh.metadata()["atlas"])
+        keys = list(fh.keys())
+        raw = {k: fh.get_tensor(k) for k in keys}
+    sites = sorted({k.rsplit("/", 1)[0] for k in keys})
+    out = {}
+    for name in sites:
+        centers, ranks = raw[f"{name}/centers"], raw[f"{name}/ranks"]
+        k, d = centers.shape
+        width = max(1, int(ranks.max()))
+        filters = torch.zeros(k, d, width, dtype=centers.dtype)
+        for j in range(k):
+            r = int(ranks[j])
+            if r:
+                filters[j, :, :r] = raw[f"{name}/filter.{j}"]
+        out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], filters, ranks, raw[f"{name}/log_q"].reshape(()))
+    return out, meta

@@ -1,0 +1,57 @@
+"""k-means with k-means++ initialisation, in torch on the data's device, deterministic for a seed.
+
+Written here rather than taken from scikit-learn so it runs on the model's device (GPU) on
+activations that never leave it, with a torch.Generator for exact reproducibility.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pairwise_sq_dists(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """(n, k) squared Euclidean distances via the expansion |x|^2 - 2 x.c + |c|^2 (one matmul), clamped at 0."""
+    d = x.square().sum(-1, keepdim=True) - 2.0 * x @ c.T + c.square().sum(-1)
+    return d.clamp_min_(0.0)
+
+
+def kmeans_plus_plus(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """k initial centers: the first uniformly, each next with probability proportional to D(x)^2."""
+    n = x.shape[0]
+    first = torch.randint(n, (1,), generator=generator).item()
+    centers = [x[first]]
+    closest = pairwise_sq_dists(x, x[first : first + 1]).squeeze(1)
+    for _ in range(1, k):
+        total = closest.sum()
+        if total <= 0:  # fewer distinct points than k: repeat one (its cluster stays empty)
+            idx = torch.randint(n, (1,), generator=generator).item()
+        else:
+            idx = torch.multinomial((closest / total).cpu(), 1, generator=generator).item()
+        centers.append(x[idx])
+        closest = torch.minimum(closest, pairwise_sq_dists(x, x[idx : idx + 1]).squeeze(1))
+    return torch.stack(centers)
+
+
+def kmeans(x: torch.Tensor, k: int, seed: int, iters: int = 50, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(centers (k, d), assignment (n,)) of Lloyd's algorithm from a k-means++ start, in float32.
+
+    An emptied cluster keeps its previous center. Stops when the centers move less than `tol`
+    relative to their scale, or after `iters` iterations.
+    """
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"kmeans needs a non-empty (n, d) tensor; got shape {tuple(x.shape)}")
+    k = min(k, x.shape[0])
+    x = x.float()
+    generator = torch.Generator().manual_seed(seed)
+    centers = kmeans_plus_plus(x, k, generator)
+    assign = pairwise_sq_dists(x, centers).argmin(1)
+    for _ in range(iters):
+        sums = torch.zeros_like(centers).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=k).to(x.dtype).unsqueeze(1)
+        new = torch.where(counts > 0, sums / counts.clamp_min(1), centers)
+        shift = (new - centers).norm() / centers.norm().clamp_min(1e-12)
+        centers = new
+        assign = pairwise_sq_dists(x, centers).argmin(1)
+        if shift < tol:
+            break
+    return centers, assign

@@ -1,0 +1,165 @@
+"""Inputs of the adapted linear layers on calibration data: sites, collection, second moments.
+
+A *site* is one distinct tensor that adapted modules read: q/k/v projections read the attention
+input, gate/up read the MLP input, o_proj and down_proj read their own. Sites are found by a probe
+forward pass (modules that receive the very same tensor object share a site), so the grouping
+holds for any architecture. ATLAS (atlas building) and the subspace baselines (O-LoRA, InfLoRA,
+LoRA-Null, EWC) all read retained inputs through this module.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from experiments.prompts import collate
+
+
+@dataclass
+class Site:
+    """One distinct input tensor: the modules that read it and its width."""
+
+    name: str
+    modules: list[str]
+    dim: int
+
+
+def target_linears(model: torch.nn.Module, target_modules: Sequence[str]) -> dict[str, torch.nn.Linear]:
+    """Full name -> Linear for every Linear whose last name component is in `target_modules`."""
+    wanted = set(target_modules)
+    return {
+        name: m for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in wanted
+    }
+
+
+def _site_name(modules: list[str]) -> str:
+    parent = modules[0].rsplit(".", 1)[0]
+    leaves = "+".join(m.rsplit(".", 1)[-1] for m in modules)
+    return f"{parent}:{leaves}"
+
+
+def discover_sites(model: torch.nn.Module, target_modules: Sequence[str], probe_ids: torch.Tensor) -> list[Site]:
+    """Group the target Linears by the tensor they read in one probe forward pass (order of first use)."""
+    linears = target_linears(model, target_modules)
+    seen: dict[int, list[str]] = {}
+    tensors: dict[int, torch.Tensor] = {}  # keep inputs alive so ids cannot be reused within the pass
+    order: list[int] = []
+
+    def hook_for(name: str):
+        def hook(module, args):
+            x = args[0]
+            key = id(x)
+            if key not in seen:
+                seen[key] = []
+                tensors[key] = x
+                order.append(key)
+            seen[key].append(name)
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in linears.items()]
+    try:
+        with torch.no_grad():
+            model(input_ids=probe_ids)
+    finally:
+        for h in handles:
+            h.remove()
+    sites = []
+    for key in order:
+        modules = seen[key]
+        sites.append(Site(_site_name(modules), modules, linears[modules[0]].in_features))
+    missing = set(linears) - {m for s in sites for m in s.modules}
+    if missing:
+        raise RuntimeError(f"target modules never ran in a forward pass: {sorted(missing)[:5]}")
+    return sites
+
+
+def token_selection(lengths_mask: torch.Tensor, max_tokens: Optional[int], seed: int) -> torch.Tensor:
+    """Indices (sorted) into the flattened non-padding tokens, at most `max_tokens`, drawn with `seed`.
+
+    Every site sees the same tokens, so one selection serves them all.
+    """
+    n = int(lengths_mask.sum())
+    if max_tokens is None or max_tokens >= n:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=g)[:max_tokens].sort().values
+
+
+def collect_inputs(
+    model: torch.nn.Module,
+    sites: Sequence[Site],
+    sequences: Sequence[dict],
+    *,
+    pad_id: int,
+    batch_size: int = 16,
+    max_tokens: Optional[int] = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: Optional[torch.dtype] = None,
+    progress: bool = True,
+    token_mask_key: str = "attention_mask",
+) -> dict[str, torch.Tensor]:
+    """Site name -> (n_tokens, dim) inputs over the non-padding tokens of `sequences`, subsampled with `seed`.
+
+    `sequences` are encoded pairs (`input_ids`, `labels`) as `experiments.prompts.encode_pair` makes;
+    with `token_mask_key="labels"` only response tokens are kept.
+    """
+    batches = [collate(sequences[i:i + batch_size], pad_id) for i in range(0, len(sequences), batch_size)]
+    masks = [_token_mask(b, token_mask_key) for b in batches]
+    chosen = token_selection(torch.cat([m.flatten() for m in masks]).bool(), max_tokens, seed)
+    modules = dict(model.named_modules())
+    store: dict[str, list[torch.Tensor]] = {s.name: [] for s in sites}
+    state = {"mask": None, "take": None}
+
+    def hook_for(site: Site):
+        def hook(module, args):
+            x = args[0].detach()
+            rows = x[state["mask"]]  # (n_valid, dim) in row-major token order
+            store[site.name].append(rows[state["take"]].to(dtype or x.dtype).cpu())
+        return hook
+
+    handles = [modules[s.modules[0]].register_forward_pre_hook(hook_for(s)) for s in sites]
+    offset = 0
+    try:
+        with torch.no_grad():
+            for batch, mask in tqdm(list(zip(batches, masks)), desc="collect inputs", disable=not progress):
+                n_valid = int(mask.sum())
+                lo = torch.searchsorted(chosen, offset)
+                hi = torch.searchsorted(chosen, offset + n_valid)
+                state["mask"] = mask.bool().to(device)
+                state["take"] = (chosen[lo:hi] - offset).to(device)
+                offset += n_valid
+                model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: torch.cat(parts) for name, parts in store.items()}
+
+
+def _token_mask(batch: dict, key: str) -> torch.Tensor:
+    if key == "labels":
+        return (batch["labels"] != -100).long()
+    return batch["attention_mask"]
+
+
+def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] = None) -> torch.Tensor:
+    """(dim, r) top eigenvectors of the uncentered second moment x^T x / n, fewest reaching `energy`.
+
+    Computed from the SVD of `x` (no dim x dim matrix is formed when n < dim).
+    """
+    if x.shape[0] == 0:
+        return x.new_zeros(x.shape[1], 0)
+    _, s, vh = torch.linalg.svd(x.float(), full_matrices=False)
+    power = s.square()
+    total = power.sum()
+    if total <= 0:
+        return x.new_zeros(x.shape[1], 0)
+    frac = torch.cumsum(power, 0) / total
+    r = int(torch.searchsorted(frac, torch.tensor(energy, dtype=frac.dtype)).item()) + 1
+    r = min(r, len(s), max_rank or len(s))
+    return vh[:r].T.contiguous()
