@@ -131,11 +131,11 @@ def model_fingerprint(model: Any) -> str:
             h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
             if flat.numel() == 0:
                 continue
-            if flat.is_floating_point() or flat.is_complex():
-                stats = torch.stack([flat.double().sum(), flat.double().abs().sum()]).cpu()
-            else:
-                stats = torch.stack([flat.long().sum(), flat.long().abs().sum()]).double().cpu()
-            h.update(stats.numpy().tobytes())
+            total = torch.zeros(2, dtype=torch.float64, device=flat.device)
+            for chunk in flat.split(1 << 24):  # bounded temporary memory on large embeddings
+                chunk = chunk.double() if chunk.is_floating_point() else chunk.long().double()
+                total += torch.stack([chunk.sum(), chunk.abs().sum()])
+            h.update(total.cpu().numpy().tobytes())
             step = max(1, flat.numel() // 4096)
             sample = flat[::step][:4096]
             sample = sample.float() if sample.is_floating_point() else sample.long()
@@ -235,7 +235,9 @@ def get_reference(
     disabled), or a zero-argument callable returning it. The key needs the base's weights
     fingerprint, so the callable is always called; on a hit no forward pass runs.
     """
-    cfg.validate()
+    from experiments.evaluation.config import as_eval_config
+
+    cfg = as_eval_config(cfg).validate()
     base = _resolve(base_model)
     key, components = reference_key(base, tokenizer, benchmark, cfg, backbone_key, chat_template)
     path = cache_path(cfg, backbone_key, key)
