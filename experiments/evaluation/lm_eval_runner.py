@@ -117,7 +117,10 @@ def run_lm_eval(
     was_training = model.training
     model.eval()
     try:
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        # The same chat-template options as `prompts.apply_template` (e.g. Qwen3's enable_thinking).
+        template_kwargs = dict(getattr(tokenizer, "chat_template_kwargs", None) or {})
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                  chat_template_args=template_kwargs or None)
         results = simple_evaluate(
             model=lm,
             tasks=tasks,
