@@ -1,0 +1,210 @@
+"""ATLAS: equals LoRA with gate and filter off; centers and filter spans get ~0 residual; far inputs g > 0.99;
+deterministic atlas for a seed; save/load reproduces outputs exactly."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from atlas.atlas import SiteAtlas, build_site_atlas, load_atlas, save_atlas
+from atlas.kmeans import kmeans
+from atlas.layer import AtlasLinear, AtlasSite
+from atlas.method import ATLAS
+from experiments.backbones import load_backbone
+from experiments.config import BackboneConfig
+from experiments.methods import RunContext
+from experiments.prompts import code_instruction_prompt, encode_pair
+from experiments.train import seed_everything
+from tests.conftest import tiny_code, tiny_math
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tiny_model(backbone_dir):
+    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
+                         {"name": "tiny", "path": str(backbone_dir), "target_modules": TARGETS})
+    model, tok = load_backbone(bb)
+    return model, tok, bb
+
+
+def fake_reference(tok, n=12):
+    """A reference cache stand-in: calibration prompts + responses as token ids."""
+    items = tiny_math(n)
+    split = SimpleNamespace(prompt_ids=[tok(f"Question: {m['question']}\nAnswer:")["input_ids"] for m in items],
+                            response_ids=[tok(" " + m["answer"])["input_ids"] for m in items])
+    return SimpleNamespace(domains={"math": SimpleNamespace(split=lambda name: split)})
+
+
+def context(backbone_dir, run_dir, tok, bb, seed=0):
+    cfg = OmegaConf.create({"backbone": OmegaConf.to_container(bb), "train": {"progress": False}})
+    return RunContext(cfg=cfg, tokenizer=tok, benchmark=SimpleNamespace(target_train=[]), run_dir=Path(run_dir),
+                      seed=seed, reference_fn=lambda: fake_reference(tok))
+
+
+def prepared(backbone_dir, run_dir, seed=0, **hp):
+    seed_everything(seed)
+    model, tok, bb = tiny_model(backbone_dir)
+    method = ATLAS(num_centers=4, max_tokens=400, filter_rank=4, **hp)
+    model = method.prepare(model, context(backbone_dir, run_dir, tok, bb, seed))
+    return model, method, tok
+
+
+def batch(tok):
+    items = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
+              "response": p["canonical_solution"]} for p in tiny_code(4)]
+    from experiments.prompts import collate
+
+    return collate([encode_pair(tok, code_instruction_prompt(i), i["response"], 96) for i in items], tok.pad_token_id)
+
+
+def test_gate_and_filter_off_equals_peft_lora(tiny_backbone_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    seed_everything(0)
+    base, tok, bb = tiny_model(tiny_backbone_dir)
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    atlas_model, method, _ = prepared(tiny_backbone_dir, tmp_path, rank=4, alpha=8, use_gate=False, use_filter=False)
+    # Same init: copy peft's A (Kaiming) and a non-zero B into ATLAS so outputs differ from the base.
+    g = torch.Generator().manual_seed(1)
+    lora_mods = {n.replace("base_model.model.", ""): m for n, m in lora.named_modules() if hasattr(m, "lora_A")}
+    atlas_mods = {n: m for n, m in atlas_model.named_modules() if isinstance(m, AtlasLinear)}
+    assert set(lora_mods) == set(atlas_mods) and len(atlas_mods) == 14
+    with torch.no_grad():
+        for name, m in lora_mods.items():
+            m.lora_B["default"].weight.copy_(torch.randn(m.lora_B["default"].weight.shape, generator=g) * 0.1)
+            atlas_mods[name].lora_A.copy_(m.lora_A["default"].weight)
+            atlas_mods[name].lora_B.copy_(m.lora_B["default"].weight)
+    b = batch(tok)
+    out_l = lora(**b)
+    out_a = atlas_model(**b)
+    torch.testing.assert_close(out_a.logits, out_l.logits, rtol=1e-5, atol=1e-5)
+    out_l.loss.backward()
+    out_a.loss.backward()
+    for name, m in lora_mods.items():
+        torch.testing.assert_close(atlas_mods[name].lora_A.grad, m.lora_A["default"].weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(atlas_mods[name].lora_B.grad, m.lora_B["default"].weight.grad, rtol=1e-4, atol=1e-6)
+    # Three SGD steps on the same data stay together.
+    opt_l = torch.optim.SGD([p for p in lora.parameters() if p.requires_grad], lr=0.1)
+    opt_a = torch.optim.SGD([p for p in atlas_model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(3):
+        opt_l.step(); opt_a.step(); opt_l.zero_grad(); opt_a.zero_grad()
+        lora(**b).loss.backward(); atlas_model(**b).loss.backward()
+    torch.testing.assert_close(atlas_model(**b).logits, lora(**b).logits, rtol=1e-4, atol=1e-4)
+
+
+def unit_site(d=16, k=3, r=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.cat([torch.randn(200, d, generator=g) * 0.3 + 4 * torch.eye(d)[j] for j in range(k)])
+    return build_site_atlas(x, k, 0.9, r, 0.9, seed), x
+
+
+def residual_layer(site, **kw):
+    base = torch.nn.Linear(site.centers.shape[1], 8)
+    layer = AtlasLinear(base, AtlasSite(site, **kw), rank=4, alpha=8)
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    return layer
+
+
+def test_center_gets_near_zero_residual_far_input_gets_open_gate():
+    site, _ = unit_site()
+    layer = residual_layer(site)
+    centers = site.centers
+    assert layer.residual(centers).abs().max() < 1e-4 * layer.residual(centers * 0 + 100).abs().max()
+    far = torch.full((2, centers.shape[1]), 50.0)
+    gate, *_ = layer.site.condition(far)
+    assert (gate > 0.99).all()
+    gate_c, *_ = AtlasSite(site).condition(centers)
+    assert (gate_c < 1e-3).all()
+
+
+def test_inputs_in_a_filter_span_are_filtered_out():
+    site, _ = unit_site()
+    layer = residual_layer(site, use_gate=False)  # filter alone
+    k = 1
+    u = site.filters[k, :, : int(site.ranks[k])]
+    # Points near center k that lie exactly in the span of its filter.
+    coeff = u.T @ site.centers[k] + 0.5 * torch.randn(5, u.shape[1], generator=torch.Generator().manual_seed(0))
+    x = coeff @ u.T
+    assert layer.site.condition(x)[3].eq(k).all()  # assigned to center k
+    off = residual_layer(site, use_gate=False, use_filter=False)
+    off.lora_A.data.copy_(layer.lora_A.data); off.lora_B.data.copy_(layer.lora_B.data)
+    ratio = layer.residual(x).norm() / off.residual(x).norm()
+    assert ratio < 1e-4
+
+
+def test_soft_assignment_is_the_weighted_filter():
+    site, x = unit_site()
+    hard, soft = residual_layer(site, use_gate=False), residual_layer(site, use_gate=False, assign="soft",
+                                                                        assign_temperature=1e-3)
+    soft.lora_A.data.copy_(hard.lora_A.data); soft.lora_B.data.copy_(hard.lora_B.data)
+    torch.testing.assert_close(soft.residual(x[:20]), hard.residual(x[:20]), rtol=1e-4, atol=1e-5)
+
+
+def test_kmeans_and_atlas_are_deterministic_per_seed():
+    _, x = unit_site()
+    c1, a1 = kmeans(x, 3, seed=5)
+    c2, a2 = kmeans(x, 3, seed=5)
+    assert torch.equal(c1, c2) and torch.equal(a1, a2)
+    s1 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
+    s2 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
+    s3 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=2)
+    assert torch.equal(s1.centers, s2.centers) and torch.equal(s1.filters, s2.filters) and torch.equal(s1.log_q, s2.log_q)
+    assert not torch.equal(s1.centers, s3.centers)
+
+
+def test_filters_follow_energy_and_rank_cap():
+    site, x = unit_site(d=16, k=3, r=8)
+    for j in range(3):
+        r = int(site.ranks[j])
+        u = site.filters[j, :, :r]
+        torch.testing.assert_close(u.T @ u, torch.eye(r), atol=1e-5, rtol=0)
+        assert 1 <= r <= 8
+    capped = build_site_atlas(x, 3, 0.999, 2, 0.9, 0)
+    assert int(capped.ranks.max()) == 2
+
+
+def test_gate_quantile_is_calibrated():
+    site, x = unit_site()
+    delta = site.delta(x).min(1).values
+    assert (delta <= site.log_q.exp() * (1 + 1e-5)).float().mean().item() == pytest.approx(0.9, abs=0.01)
+
+
+def test_prepare_is_deterministic_for_a_seed_and_differs_for_another(tiny_backbone_dir, tmp_path):
+    _, m1, _ = prepared(tiny_backbone_dir, tmp_path / "a", seed=0)
+    _, m2, _ = prepared(tiny_backbone_dir, tmp_path / "b", seed=0)
+    _, m3, _ = prepared(tiny_backbone_dir, tmp_path / "c", seed=1)
+    assert len(m1.sites) == 8  # 2 layers x (q/k/v, o, gate/up, down)
+    for name in m1.atlas:
+        assert torch.equal(m1.atlas[name].centers, m2.atlas[name].centers)
+    assert any(not torch.equal(m1.atlas[n].centers, m3.atlas[n].centers) for n in m1.atlas)
+
+
+def test_save_and_load_reproduces_outputs_exactly(tiny_backbone_dir, tmp_path):
+    model, method, tok = prepared(tiny_backbone_dir, tmp_path / "run")
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, AtlasLinear):
+                m.lora_B.normal_(0, 0.1)
+    b = batch(tok)
+    before = model(**b).logits
+    stored = method.export(model, tmp_path / "export")
+    assert stored == method.costs()["atlas_bytes"] + method.costs()["adapter_bytes"] > 0
+    fresh, _, _ = tiny_model(tiny_backbone_dir)
+    ATLAS.from_export(fresh, tmp_path / "export")
+    assert torch.equal(fresh(**b).logits, before)
+
+
+def test_scale_zero_is_the_base(tiny_backbone_dir, tmp_path):
+    model, method, tok = prepared(tiny_backbone_dir, tmp_path)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, AtlasLinear):
+                m.lora_B.normal_(0, 0.1)
+    base, _, _ = tiny_model(tiny_backbone_dir)
+    b = batch(tok)
+    assert not torch.allclose(model(**b).logits, base(**b).logits)
+    method.scale(model, 0.0)
+    torch.testing.assert_close(model(**b).logits, base(**b).logits)
