@@ -130,7 +130,7 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
 
 
 def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing) -> dict:
-    from experiments.evaluation.code_completion import build_program, truncate_completion
+    from experiments.evaluation.code_completion import build_program
     from experiments.evaluation.pass_at_k import summarize_pass_at_k
     from experiments.evaluation.sandbox import check_programs
 
@@ -144,7 +144,8 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
 
     def run(problem_list, texts):
         nonlocal execution_s
-        programs = [build_program(p, truncate_completion(text)) for p, text in zip(problem_list, texts)]
+        # build_program truncates the completion itself (and handles whole-function answers).
+        programs = [build_program(p, text) for p, text in zip(problem_list, texts)]
         t = time.perf_counter()
         results = check_programs(programs, limits, workers=cfg.sandbox_workers, progress=progress)
         execution_s += time.perf_counter() - t
@@ -154,7 +155,7 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
     greedy = _timed_generate(timing, model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens_code,
                              batch_size=cfg.generation_batch_size, progress=progress, desc="code greedy")
     greedy_results = run(problems, greedy.texts)
-    target = dict(summarize_pass_at_k([[r.passed] for r in greedy_results], [1]))
+    target: dict[str, Any] = {"pass@1": summarize_pass_at_k([[r.passed] for r in greedy_results], [1]).get("pass@1")}
 
     ks = sorted(k for k in cfg.pass_k if k > 1)
     if ks:
