@@ -99,6 +99,7 @@ class BackboneConfig:
     gradient_checkpointing: bool = False
     attn_implementation: Optional[str] = None
     trust_remote_code: bool = False
+    shapes: Dict[str, int] = field(default_factory=dict)  # architecture sizes for weightless cost estimates
 
 
 @dataclass
