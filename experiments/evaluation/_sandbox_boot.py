@@ -202,6 +202,14 @@ def _describe(exc, filename, source_lines):
     return name, reason
 
 
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a broken stream must not change the result
+            pass
+
+
 def _supervise(status):
     """Fork the program's process and wait for it; the parent side never returns.
 
@@ -298,23 +306,22 @@ def main():
         code = compile(source, program_path, "exec")
         exec(code, module.__dict__)
     except SystemExit as exc:
+        _flush()
         code = exc.code
         status.send("error", "exit", "SystemExit", "exited with sys.exit(%r) before the end of the program" % (code,))
         if code is None:
             code = 0
         os._exit(code & 0xFF if isinstance(code, int) else 1)
     except MemoryError as exc:
+        _flush()
         status.send("error", "memory", "MemoryError", _describe(exc, program_path, source_lines)[1])
         os._exit(1)
     except BaseException as exc:  # noqa: BLE001 - any failure of the program is a result
+        _flush()
         name, reason = _describe(exc, program_path, source_lines)
         status.send("error", "exception", name, reason)
         os._exit(1)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001
-            pass
+    _flush()
     status.send("done")
     os._exit(0)
 
