@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 __all__ = ["build_program", "mbpp_to_humaneval", "truncate_completion"]
 
@@ -86,7 +87,7 @@ def _keep_definitions(code: str) -> str:
     may fail or hang on their own. Code that does not parse is returned unchanged.
     """
     try:
-        tree = ast.parse(code)
+        tree = _parse(code)
     except SyntaxError:
         return code
     keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
@@ -133,9 +134,16 @@ def build_program(problem: dict, completion: str) -> str:
 # MBPP
 
 
+def _parse(code: str) -> ast.Module:
+    """``ast.parse`` without the invalid-escape warnings MBPP's regex strings ('\\d') raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+        return ast.parse(code)
+
+
 def _called_names(statement: str) -> list[str]:
     names = []
-    for node in ast.walk(ast.parse(statement)):
+    for node in ast.walk(_parse(statement)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             names.append(node.func.id)
     return names
@@ -223,7 +231,7 @@ def mbpp_to_humaneval(item: dict) -> dict:
     tests = [t.replace("\r\n", "\n").strip() for t in item["test_list"]]
     setup = (item.get("test_setup_code") or "").replace("\r\n", "\n")
     setup += "".join(line + "\n" for line in item.get("test_imports") or [])
-    tree = ast.parse(item["code"].replace("\r\n", "\n"))
+    tree = _parse(item["code"].replace("\r\n", "\n"))
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     entry_point = next((name for name in _called_names(tests[0]) if name in defs), None)
     if entry_point is None:
@@ -231,8 +239,8 @@ def mbpp_to_humaneval(item: dict) -> dict:
     if entry_point == "check":
         renamer = _Rename("check", "check_solution")
         tree = renamer.visit(tree)
-        tests = [ast.unparse(renamer.visit(ast.parse(t))) for t in tests]
-        setup = ast.unparse(renamer.visit(ast.parse(setup))) + "\n" if setup.strip() else setup
+        tests = [ast.unparse(renamer.visit(_parse(t))) for t in tests]
+        setup = ast.unparse(renamer.visit(_parse(setup))) + "\n" if setup.strip() else setup
         entry_point = "check_solution"
         defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     func = defs[entry_point]
@@ -242,7 +250,7 @@ def mbpp_to_humaneval(item: dict) -> dict:
             header_names.update(n.id for n in ast.walk(part) if isinstance(n, ast.Name))
     test_names = set()
     for code in [*tests, setup]:
-        test_names.update(n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name))
+        test_names.update(n.id for n in ast.walk(_parse(code)) if isinstance(n, ast.Name))
     test_names.discard(entry_point)
     # Module-level names the function shadows (a parameter or a local called ``text``) keep
     # their module-level meaning only at module level: nesting them would overwrite the local.

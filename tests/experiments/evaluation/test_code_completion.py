@@ -1,0 +1,191 @@
+"""Completion truncation, program assembly and the MBPP conversion (synthetic cases; the real
+datasets are in test_real_code_data.py)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from experiments.evaluation.code_completion import build_program, mbpp_to_humaneval, truncate_completion
+from experiments.evaluation.sandbox import SandboxLimits, check_programs
+
+LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=5)
+
+PROBLEM = {
+    "task_id": "Toy/0",
+    "prompt": 'import math\n\n\ndef helper(x):\n    return x\n\n\ndef hypot(a, b):\n    """Length of the hypotenuse.\n    >>> hypot(3, 4)\n    5.0\n    """\n',
+    "canonical_solution": "    return math.sqrt(helper(a) ** 2 + b ** 2)\n",
+    "test": "\n\ndef check(candidate):\n    assert candidate(3, 4) == 5.0\n    assert candidate(5, 12) == 13.0\n",
+    "entry_point": "hypot",
+}
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("    return a + b\n", "    return a + b"),
+        ("    return a + b\n\ndef other():\n    pass\n", "    return a + b"),
+        ("    return a + b\n\n\nprint(hypot(3, 4))\n", "    return a + b"),
+        ("    return a + b\nif __name__ == '__main__':\n    main()\n", "    return a + b"),
+        ("    return a + b\n```\nThis adds the numbers.", "    return a + b"),
+        ("    return a + b\nclass Foo:\n    pass\n", "    return a + b"),
+        ("    return a + b\n# a top-level comment\nx = 1\n", "    return a + b"),
+        ("    return a + b\nassert hypot(1, 2) == 3\n", "    return a + b"),
+        ("    x = a\n\n    y = b\n    return x + y\n\nz = 3", "    x = a\n\n    y = b\n    return x + y"),
+        ("    s = '''\nnot the end\n'''\n    return s\nprint(1)\n", "    s = '''\nnot the end\n'''\n    return s"),
+        ("return a + b\n", "return a + b"),  # the first line is never cut
+        ("    return a<|endoftext|>junk", "    return a"),
+        ("", ""),
+    ],
+)
+def test_truncate_completion(completion, expected):
+    assert truncate_completion(completion) == expected
+
+
+def test_build_program_layout():
+    program = build_program(PROBLEM, "    return math.hypot(a, b)\n\nprint('garbage')\n")
+    expected = PROBLEM["prompt"] + "    return math.hypot(a, b)" + "\n" + PROBLEM["test"] + "\ncheck(hypot)\n"
+    assert program == expected
+    ast.parse(program)
+
+
+FULL_FUNCTION_ANSWERS = {
+    "plain": "def hypot(a, b):\n    return math.sqrt(helper(a) ** 2 + b ** 2)\n",
+    "fenced chat answer": (
+        "Here is the function:\n\n```python\ndef hypot(a, b):\n    return math.sqrt(a * a + b * b)\n```\n"
+        "It uses Pythagoras.\n"
+    ),
+    "fenced with a helper and usage": (
+        "```python\nimport math\n\ndef _sq(x):\n    return x * x\n\ndef hypot(a, b):\n    return math.sqrt(_sq(a) + _sq(b))\n\n"
+        "print(hypot(3, 4))\nassert hypot(1, 1) == 99\nif __name__ == '__main__':\n    input()\n```"
+    ),
+    "two fenced blocks": "```\npip install nothing\n```\nthen\n```python\ndef hypot(a, b):\n    return (a * a + b * b) ** 0.5\n```",
+    "fenced body only": "```python\n    return math.sqrt(a * a + b * b)\n```",
+}
+
+
+def test_full_function_and_fenced_answers_pass():
+    programs = [build_program(PROBLEM, c) for c in FULL_FUNCTION_ANSWERS.values()]
+    for program in programs:
+        assert program.count("def check(candidate)") == 1 and program.endswith("\ncheck(hypot)\n")
+        assert "pip install" not in program and "It uses Pythagoras" not in program
+    results = check_programs(programs, LIMITS)
+    for name, result in zip(FULL_FUNCTION_ANSWERS, results):
+        assert result.passed, (name, result.reason)
+
+
+def test_full_function_keeps_the_prompt_preamble():
+    program = build_program(PROBLEM, "def hypot(a, b):\n    return a\n")
+    assert program.startswith("import math\n\n\ndef helper(x):")
+    assert '"""Length of the hypotenuse.' not in program  # the prompt's function is replaced
+
+
+def test_wrong_and_canonical_completions():
+    programs = [
+        build_program(PROBLEM, PROBLEM["canonical_solution"]),
+        build_program(PROBLEM, "    return a + b\n"),
+        build_program(PROBLEM, "def hypot(a, b):\n    return a + b\n"),
+        build_program(PROBLEM, "    while True:\n        pass\n"),
+    ]
+    statuses = [r.status for r in check_programs(programs, SandboxLimits(wall_seconds=2, cpu_seconds=1))]
+    assert statuses == ["passed", "failed", "failed", "timeout"]
+
+
+MBPP_FULL = {
+    "task_id": 1,
+    "text": "Write a function to find the minimum cost path to reach (m, n) from (0, 0).",
+    "code": (
+        "R = 3\r\nC = 3\r\ndef min_cost(cost, m, n): \r\n\ttc = [[0 for x in range(C)] for x in range(R)] \r\n"
+        "\ttc[0][0] = cost[0][0] \r\n\tfor i in range(1, m+1): \r\n\t\ttc[i][0] = tc[i-1][0] + cost[i][0] \r\n"
+        "\tfor j in range(1, n+1): \r\n\t\ttc[0][j] = tc[0][j-1] + cost[0][j] \r\n\tfor i in range(1, m+1): \r\n"
+        "\t\tfor j in range(1, n+1): \r\n\t\t\ttc[i][j] = min(tc[i-1][j-1], tc[i-1][j], tc[i][j-1]) + cost[i][j] \r\n"
+        "\treturn tc[m][n]"
+    ),
+    "test_setup_code": "",
+    "test_list": [
+        "assert min_cost([[1, 2, 3], [4, 8, 2], [1, 5, 3]], 2, 2) == 8",
+        "assert min_cost([[2, 3, 4], [5, 9, 3], [2, 6, 4]], 2, 2) == 12",
+    ],
+    "challenge_test_list": [],
+}
+
+MBPP_SANITIZED = {
+    "source_file": "x",
+    "task_id": 2,
+    "prompt": "Write a function to find the shared elements from the given two lists.",
+    "code": "def similar_elements(test_tup1, test_tup2):\n  res = tuple(set(test_tup1) & set(test_tup2))\n  return (res) ",
+    "test_imports": ["import math"],
+    "test_list": ["assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))"],
+}
+
+
+def test_mbpp_full_record_conversion():
+    problem = mbpp_to_humaneval(MBPP_FULL)
+    assert problem["task_id"] == "MBPP/1" and problem["entry_point"] == "min_cost"
+    assert problem["prompt"].startswith("def min_cost(cost, m, n):\n    \"\"\"\n    Write a function to find the minimum")
+    assert "    Example:\n    assert min_cost([[1, 2, 3], [4, 8, 2], [1, 5, 3]], 2, 2) == 8\n" in problem["prompt"]
+    assert "R = 3" not in problem["prompt"]  # helpers and constants belong to the solution
+    assert problem["canonical_solution"].startswith("    R = 3\n    C = 3\n")
+    assert "\t" not in problem["canonical_solution"] and "\r" not in problem["canonical_solution"]
+    assert problem["test"] == (
+        "\ndef check(candidate):\n    min_cost = candidate\n"
+        "    assert min_cost([[1, 2, 3], [4, 8, 2], [1, 5, 3]], 2, 2) == 8\n"
+        "    assert min_cost([[2, 3, 4], [5, 9, 3], [2, 6, 4]], 2, 2) == 12\n"
+    )
+
+
+def test_mbpp_sanitized_record_conversion():
+    problem = mbpp_to_humaneval(MBPP_SANITIZED)
+    assert problem["task_id"] == "MBPP/2" and problem["entry_point"] == "similar_elements"
+    assert problem["test"].startswith("import math\n\n\ndef check(candidate):\n    similar_elements = candidate\n")
+    assert "shared elements" in problem["prompt"]
+
+
+def test_mbpp_special_cases():
+    named_check = {
+        "task_id": 56,
+        "text": "Check if a number is one less than twice its reverse.",
+        "code": "def rev(num):\n  r = 0\n  while num > 0:\n    r = r * 10 + num % 10\n    num //= 10\n  return r\ndef check(n):\n  return 2 * rev(n) == n + 1",
+        "test_setup_code": "",
+        "test_list": ["assert check(70) == False", "assert check(73) == True"],
+    }
+    shadowing = {
+        "task_id": 631,
+        "text": "Replace spaces with underscores.",
+        "code": "text = 'Python Exercises'\ndef replace_spaces(text):\n  return text.replace(' ', '_')",
+        "test_setup_code": "",
+        "test_list": ["assert replace_spaces('a b') == 'a_b'"],
+    }
+    uses_class = {
+        "task_id": 601,
+        "text": "Longest chain of pairs.",
+        "code": "class Pair(object):\n  def __init__(self, a, b):\n    self.a = a\n    self.b = b\ndef first(p):\n  return p.a\ndef firsts(arr):\n  return [first(p) for p in arr]",
+        "test_setup_code": "",
+        "test_list": ["assert firsts([Pair(1, 2), Pair(3, 4)]) == [1, 3]"],
+    }
+    backslash = {
+        "task_id": 9,
+        "text": "Match digits with a regex like \\d+.",
+        "code": "import re\ndef digits(s):\n  return re.findall(r'\\d+', s)",
+        "test_setup_code": "",
+        "test_list": ["assert digits('a1b22') == ['1', '22']"],
+    }
+    problems = [mbpp_to_humaneval(r) for r in (named_check, shadowing, uses_class, backslash)]
+    assert problems[0]["entry_point"] == "check_solution" and "def check_solution(n):" in problems[0]["prompt"]
+    assert "assert check_solution(70) == False" in problems[0]["test"]
+    assert problems[1]["prompt"].startswith("text = 'Python Exercises'\n")
+    assert problems[2]["prompt"].startswith("class Pair(object):") and "def first(p)" not in problems[2]["prompt"]
+    assert '    r"""' in problems[3]["prompt"] and problems[3]["prompt"].startswith("import re\n")
+    for problem in problems:
+        ast.parse(problem["prompt"] + problem["canonical_solution"])
+    programs = [build_program(p, p["canonical_solution"]) for p in problems]
+    programs.append(build_program(problems[0], "    return n == 73\n"))  # passes the tests, wrong idea
+    programs.append(build_program(problems[0], "    return True\n"))
+    assert [r.status for r in check_programs(programs, LIMITS)] == ["passed"] * 5 + ["failed"]
+
+
+def test_mbpp_without_a_called_definition_is_an_error():
+    broken = dict(MBPP_FULL, test_list=["assert other_name(1) == 2"])
+    with pytest.raises(ValueError, match="no function defined by the reference code"):
+        mbpp_to_humaneval(broken)
