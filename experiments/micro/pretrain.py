@@ -301,12 +301,6 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
     timings["train_s"] = time.time() - t_train
     steps_done = len(history)
 
-    t = time.time()
-    final = quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items, with_code=True)
-    timings["final_eval_s"] = time.time() - t
-    tqdm.write(f"final: math EM {final['math_exact_match']:.3f}, MC acc {final['commonsense_accuracy']:.3f}, "
-               f"code pass@1 {final['code_pass@1']:.3f}")
-
     model.config.use_cache = True
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -315,6 +309,13 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
         bos_token_id=tokenizer.eos_token_id, do_sample=False, max_new_tokens=128,
     ).save_pretrained(out)
     save_loss_curve(history, out / "loss_curve.png")
+
+    t = time.time()
+    final = quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items, with_code=True)
+    timings["final_eval_s"] = time.time() - t
+    tqdm.write(f"final: math EM {final['math_exact_match']:.3f}, MC acc {final['commonsense_accuracy']:.3f}, "
+               f"code pass@1 {final['code_pass@1']:.3f}")
+
     timings["total_s"] = time.time() - t0
     import transformers
 

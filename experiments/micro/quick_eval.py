@@ -131,14 +131,18 @@ def choice_accuracy(model: Any, tokenizer: Any, items: Sequence[dict], batch_siz
 
 
 def run_program(program: str, timeout_s: float = 5.0) -> bool:
-    """Whether a Python program exits with status 0 within the timeout, in its own process and temp dir."""
+    """Whether a Python program runs to its end (exit status 0), isolated from this process.
+
+    Uses the project sandbox (`experiments.evaluation.sandbox.check_program`, its default limits)
+    where it is available; else a separate `python -I` process in its own temp dir, scrubbed
+    environment and session, killed after `timeout_s`.
+    """
     try:
         from experiments.evaluation.sandbox import check_program  # the project's sandbox, when present
     except ImportError:
         check_program = None
     if check_program is not None:
-        result = check_program(program, timeout_s=timeout_s)
-        return bool(getattr(result, "passed", result))
+        return bool(check_program(program).passed)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             proc = subprocess.run(
