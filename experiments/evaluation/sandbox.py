@@ -114,7 +114,12 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """Outcome of one program. ``reason`` is one line ('' when passed)."""
+    """Outcome of one program.
+
+    ``reason`` is one line ('' when passed). ``returncode`` is the program process's exit code,
+    or minus the signal that ended it (-9 after a wall-clock timeout), None if it never started.
+    ``stdout``/``stderr`` hold at most ``max_output_bytes`` each, with a note of what was dropped.
+    """
 
     passed: bool
     status: str
@@ -146,6 +151,7 @@ class _Plan:
 _plan_lock = threading.Lock()
 _plan: _Plan | None = None
 _report: dict | None = None
+_plan_error: str | None = None
 
 _MODE_ENV = "ATLAS_SANDBOX_MODE"
 # 'plain' is never chosen automatically for root: root ignores RLIMIT_NPROC, so a fork bomb
@@ -338,12 +344,14 @@ def _describe(plan: _Plan, facts: dict, fallbacks: list[str]) -> dict:
 
 
 def _get_plan() -> _Plan:
-    global _plan, _report
+    global _plan, _report, _plan_error
     if _plan is not None:
         return _plan
     with _plan_lock:
         if _plan is not None:
             return _plan
+        if _plan_error is not None:
+            raise RuntimeError(_plan_error)
         forced = os.environ.get(_MODE_ENV)
         modes = (forced,) if forced else (_MODES_ROOT if os.geteuid() == 0 else _MODES_USER)
         fallbacks: list[str] = []
@@ -362,15 +370,17 @@ def _get_plan() -> _Plan:
             _report = report
             _plan = plan
             return plan
-        raise RuntimeError("no sandbox mode works on this machine: " + "; ".join(fallbacks))
+        _plan_error = "no sandbox mode works on this machine: " + "; ".join(fallbacks)
+        raise RuntimeError(_plan_error)
 
 
 def _reset_for_tests() -> None:
     """Forget the detected plan (tests switch modes through ATLAS_SANDBOX_MODE)."""
-    global _plan, _report
+    global _plan, _report, _plan_error
     with _plan_lock:
         _plan = None
         _report = None
+        _plan_error = None
 
 
 def isolation_report() -> dict:
@@ -553,7 +563,6 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
         "uid": uid,
         "mount": plan.mount,
         "nested_userns": plan.nested_userns,
-        "no_new_privs": True,
         "setsid": plan.setsid,
         "expose": [(d, list(ps)) for d, ps in plan.expose],
         "tmpfs_mb": 4 * limits.file_size_mb,
@@ -609,13 +618,13 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
         view = memoryview(payload)
         drain_until = None
         while True:
-            if wait_status is None:
-                reaped = _try_reap(proc.pid)
-                if reaped is not None:
-                    wait_status, rusage = reaped
-                    drain_until = time.monotonic() + _DRAIN_SECONDS
-                    _kill_group(proc.pid)
-                    if pidfd is not None:
+            if wait_status is None and _has_exited(proc.pid):
+                # Still a zombie, so its pid (our process group's id) cannot have been reused:
+                # kill what is left of the group, then reap.
+                _kill_group(proc.pid)
+                wait_status, rusage = _reap(proc.pid)
+                drain_until = time.monotonic() + _DRAIN_SECONDS
+                if pidfd is not None:
                         sel.unregister(pidfd)
                         os.close(pidfd)
                         pidfd = None
@@ -625,8 +634,7 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
             now = time.monotonic()
             if wait_status is None and now >= deadline:
                 timed_out = True
-                _kill_group(proc.pid)
-                wait_status, rusage = _reap(proc.pid)
+                wait_status, rusage = _terminate(proc.pid)
                 drain_until = time.monotonic() + _DRAIN_SECONDS
                 continue
             if drain_until is not None and now >= drain_until:
@@ -637,7 +645,7 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
                 timeout = min(timeout, 0.02)
             for key, _ in sel.select(timeout):
                 if key.data == "exit":
-                    continue  # reaped at the top of the loop
+                    continue  # handled at the top of the loop
                 if key.data == "stdin":
                     try:
                         sent = os.write(key.fd, view[:65536])
@@ -658,8 +666,7 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
                     sel.unregister(key.fileobj)
     finally:
         if wait_status is None:
-            _kill_group(proc.pid)
-            wait_status, rusage = _reap(proc.pid)
+            wait_status, rusage = _terminate(proc.pid)
         for key in list(sel.get_map().values()):
             sel.unregister(key.fileobj)
         sel.close()
@@ -676,17 +683,19 @@ def _launch(plan, program, limits, uid, workdir, host_dir, start) -> ExecutionRe
     events = _parse_events(bytes(status_buf.head), nonce)
     status, reason = _classify(events, returncode, timed_out, cpu, limits, err)
     exit_info = events.get("exit")
-    if exit_info and len(exit_info) == 2 and exit_info[1].isdigit() and not timed_out:
+    if timed_out:
+        returncode = -signal.SIGKILL  # the parent killed it
+    elif exit_info and len(exit_info) == 2 and exit_info[1].isdigit():
         returncode = int(exit_info[1]) if exit_info[0] == "code" else -int(exit_info[1])
     return ExecutionResult(status == "passed", status, reason, returncode, elapsed, out.text(), err.text())
 
 
-def _try_reap(pid: int):
+def _has_exited(pid: int) -> bool:
+    """Whether ``pid`` has exited, without reaping it (WNOWAIT)."""
     try:
-        got, wait_status, rusage = os.wait4(pid, os.WNOHANG)
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
-        return 0, None
-    return (wait_status, rusage) if got == pid else None
+        return True
 
 
 def _reap(pid: int):
@@ -698,6 +707,43 @@ def _reap(pid: int):
             continue
         except ChildProcessError:
             return 0, None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        pass
+    found = []  # kernels without /proc/<pid>/task/<tid>/children: scan for the parent pid
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{entry.name}/stat") as fh:
+                        fields = fh.read().rsplit(")", 1)[1].split()
+                    if int(fields[1]) == pid:
+                        found.append(int(entry.name))
+    return found
+
+
+def _terminate(pid: int):
+    """Kill a running sandbox and reap it, leaving no orphan behind.
+
+    The started process's own children go first: with namespaces that is the namespace's
+    PID 1, whose death takes every process of the namespace with it, and ``unshare`` reaps
+    it and exits (killing ``unshare`` first would leave that zombie to the host's init);
+    without namespaces it is the program, which the supervisor then reaps. Then the rest of
+    the process group, while the started process is still unreaped, then the reaping.
+    """
+    for child in _children(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+    until = time.monotonic() + 1.0
+    while time.monotonic() < until and not _has_exited(pid):
+        time.sleep(0.002)
+    _kill_group(pid)
+    return _reap(pid)
 
 
 def _kill_group(pgid: int) -> None:

@@ -317,6 +317,7 @@ def test_sleeping_program_hits_the_wall_clock(adversarial):
     result = adversarial["results"]["sleep_forever"]
     assert result.status == "timeout" and "wall-clock limit of 3 s" in result.reason
     assert FAST.wall_seconds <= result.wall_seconds < FAST.wall_seconds + 1.5
+    assert result.returncode == -signal.SIGKILL
 
 
 def test_fork_bombs_are_contained(adversarial, report):
