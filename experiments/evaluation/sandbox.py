@@ -23,8 +23,6 @@ Public API (used by the evaluation pipeline): :class:`SandboxLimits`,
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import errno
 import fcntl
 import json
 import logging
@@ -145,7 +143,6 @@ class _Plan:
     setsid: bool
     expose: tuple[tuple[str, tuple[str, ...]], ...]
     count_user_processes: bool  # plain mode: RLIMIT_NPROC counts all of the user's processes
-    description: dict
 
 
 _plan_lock = threading.Lock()
@@ -231,7 +228,6 @@ def _make_plan(mode: str) -> _Plan:
             setsid=True,
             expose=_hidden_ancestors(_interpreter_dirs()) if mode == "namespaces" else (),
             count_user_processes=False,
-            description={},
         )
     if mode == "setuid":
         if not root:
@@ -242,14 +238,14 @@ def _make_plan(mode: str) -> _Plan:
                 f"the interpreter is below {', '.join(d for d, _ in hidden)}, which an unprivileged uid cannot "
                 "traverse, and without a mount namespace it cannot be exposed"
             )
-        return _Plan(mode, prefix, prefix, True, False, False, False, (), False, {})
+        return _Plan(mode, prefix, prefix, True, False, False, False, (), False)
     if mode == "plain":
-        return _Plan(mode, prefix, prefix, False, False, False, False, (), not root, {})
+        return _Plan(mode, prefix, prefix, False, False, False, False, (), not root)
     raise ValueError(f"unknown sandbox mode {mode!r}; expected one of namespaces, userns, setuid, plain")
 
 
 _PROBE = r"""
-import json, math, os, socket, sys
+import json, os, socket
 facts = {"uid": os.getuid(), "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd()}
 facts["interfaces"] = [name for _, name in socket.if_nameindex()]
 try:
@@ -305,7 +301,9 @@ def _describe(plan: _Plan, facts: dict, fallbacks: list[str]) -> dict:
         user = f"a leased unprivileged uid per program ({_UID_RANGE.start}-{_UID_RANGE.stop - 1})"
         processes = "RLIMIT_NPROC on the program's own leased uid"
     else:
-        user = "the invoking user" + (" (root: RLIMIT_NPROC is not enforced)" if root else ", who can signal the program's parent")
+        user = "the invoking user" + (
+            " (root: RLIMIT_NPROC is not enforced)" if root else ": the program can signal and write whatever that user can"
+        )
         processes = "none (root ignores RLIMIT_NPROC)" if root else "RLIMIT_NPROC set to the user's current process count + max_processes"
     filesystem = (
         "private mount namespace: everything read-only except a private size-limited tmpfs on /tmp (work directory) and /dev/shm"
@@ -832,7 +830,8 @@ def check_programs(
     results: list[ExecutionResult | None] = [None] * len(programs)
     if not programs:
         return []
-    _get_plan()  # detect once, before the threads start
+    with contextlib.suppress(RuntimeError):  # each result then reports the sandbox_error
+        _get_plan()  # detect once, before the threads start
     bar = None
     if progress:
         from tqdm.auto import tqdm
