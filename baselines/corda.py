@@ -1,0 +1,148 @@
+"""CorDA, knowledge-preserved mode (Yang et al., NeurIPS 2024, arXiv 2406.05223), through peft.
+
+For each adapted Linear with weight W0 and the uncentered covariance C of its inputs on retained
+calibration prompts, peft's `preprocess_corda` takes the SVD  W0 C = U S V^T  and keeps the *last*
+r components (KPM: the directions the retained data uses least); `get_peft_model` with
+`init_lora_weights="corda"` then sets
+
+    B0 A0 = U_r S_r (V_r^T C^{-1}) / s,   W_res = W0 - s B0 A0
+
+so h = W_res x + s B A x equals the base at init, and training moves B, A away from B0, A0.
+The covariance is collected by peft's forward hook, which assumes batch size 1 (it squeezes the
+batch dimension and normalises each sequence by its max): the calibration forward passes run one
+sequence at a time, unpadded. `include_responses: true` also feeds the base's cached responses.
+
+Post-hoc scale (WiSE-FT against the TRUE W0). The trained model is W0 + D with the converted
+update D = s (B A - B0 A0). `scale(alpha)` gives W0 + alpha D by setting the LoRA scale to
+alpha * s and the base weight to W_res + (1 - alpha) s B0 A0 (B0, A0 are kept from init), so
+alpha = 0 is the base model and alpha = 1 the trained one; the base weight is moved by the
+difference from the current alpha, never recomputed from a stored W0.
+
+Export: peft's conversion (`save_pretrained(..., path_initial_model_for_weight_conversion=...)`)
+writes D as a plain rank-2r LoRA adapter ([B | B0], [A ; -A0], alpha doubled) that loads onto the
+unmodified base with `PeftModel.from_pretrained`. The eigen-decomposition is cached in the run
+folder (peft's `cache_file`), so a resumed run rebuilds exactly the same W_res, B0 and A0.
+Knobs: rank, and the training steps (`train.steps`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from baselines.common import calibration_pairs, lora_layers, sequence_max_length, show_progress, target_module_names
+from baselines.lora import LoRA
+from experiments.backbones import check_target_modules
+from experiments.methods import RunContext, require
+
+CACHE_FILE = "corda_eigens.pt"
+INIT_DIR = "corda_init"
+
+
+class CorDA(LoRA):
+    """peft CorDA (KPM) adapters; covariance from retained calibration data."""
+
+    def __init__(
+        self,
+        name: str = "corda",
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        target_modules: Optional[Sequence[str]] = None,
+        include_responses: bool = False,
+        max_sequences: Optional[int] = None,
+    ) -> None:
+        require("include_responses", include_responses, isinstance(include_responses, bool), "true or false")
+        require("max_sequences", max_sequences, max_sequences is None or (isinstance(max_sequences, int) and max_sequences > 0),
+                "null (all calibration prompts) or an integer > 0")
+        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
+        self.hparams.update(include_responses=include_responses, max_sequences=max_sequences)
+        self.include_responses, self.max_sequences = include_responses, max_sequences
+        self.init_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (B0, A0)
+        self.alpha_now = 1.0
+        self.init_dir: Optional[Path] = None
+        self._costs: dict = {}
+
+    def lora_config(self, ctx: RunContext, cache_file: Optional[str] = None):
+        from peft import LoraConfig
+        from peft.tuners.lora.config import CordaConfig
+
+        return LoraConfig(
+            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+            target_modules=target_module_names(ctx, self.target_modules), bias="none", task_type="CAUSAL_LM",
+            init_lora_weights="corda",
+            corda_config=CordaConfig(corda_method="kpm", cache_file=cache_file, verbose=False),
+        )
+
+    def calibration_ids(self, ctx: RunContext) -> list[list[int]]:
+        pairs = calibration_pairs(ctx.reference(), sequence_max_length(ctx))
+        if self.max_sequences is not None and self.max_sequences < len(pairs):
+            keep = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(ctx.seed)).tolist()
+            pairs = [pairs[i] for i in sorted(keep[: self.max_sequences])]
+        return [p.prompt_ids + (p.response_ids if self.include_responses else []) for p in pairs]
+
+    def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        from peft import get_peft_model
+        from peft.tuners.lora.corda import preprocess_corda
+
+        targets = target_module_names(ctx, self.target_modules)
+        check_target_modules(model, targets, key="method.target_modules")
+        run_dir = Path(ctx.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cache_file = run_dir / CACHE_FILE
+        reused = cache_file.is_file() and cache_file.stat().st_size > 0
+        # peft writes its cache with a plain torch.save: build into a temporary name, then rename.
+        build_file = cache_file if reused else run_dir / f".{CACHE_FILE}.tmp-{os.getpid()}"
+        config = self.lora_config(ctx, str(build_file))
+
+        def run_model() -> None:
+            # One unpadded sequence per forward: peft's covariance hook squeezes the batch dimension.
+            for ids in tqdm(self.calibration_ids(ctx), desc="CorDA covariance", disable=not show_progress(ctx)):
+                model(input_ids=torch.tensor([ids], device=ctx.device))
+
+        t0 = time.perf_counter()
+        preprocess_corda(model, config, run_model=None if reused else run_model)
+        if not reused:
+            os.replace(build_file, cache_file)
+            config.corda_config.cache_file = str(cache_file)
+        self._costs.update(covariance_build_seconds=time.perf_counter() - t0, eigens_reused=reused)
+        model = get_peft_model(model, config)
+        self.init_factors = {n: (m.lora_B["default"].weight.detach().clone(), m.lora_A["default"].weight.detach().clone())
+                             for n, m in lora_layers(model).items()}
+        self.alpha_now = 1.0
+        # The initial adapter, for peft's conversion of the trained adapter into a plain LoRA at export.
+        self.init_dir = run_dir / INIT_DIR
+        shutil.rmtree(self.init_dir, ignore_errors=True)
+        model.save_pretrained(str(self.init_dir))
+        return model
+
+    def export(self, model: torch.nn.Module, out_dir: Path) -> int:
+        """The converted update D = s (B A - B0 A0) as a plain rank-2r LoRA on the true base; returns its bytes."""
+        if self.init_dir is None:
+            raise RuntimeError("corda: export before prepare")
+        if self.alpha_now != 1.0:
+            raise RuntimeError(f"corda: export at scale {self.alpha_now}; call scale(model, 1.0) first")
+        model.save_pretrained(str(out_dir), path_initial_model_for_weight_conversion=str(self.init_dir))
+        return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
+
+    def scale(self, model: torch.nn.Module, alpha: float) -> None:
+        """W0 + alpha * s (B A - B0 A0): LoRA scale alpha * s, base weight W_res + (1 - alpha) s B0 A0."""
+        layers = lora_layers(model)
+        with torch.no_grad():
+            for name, layer in layers.items():
+                b0, a0 = self.init_factors[name]
+                s = layer.lora_alpha["default"] / layer.r["default"]
+                weight = layer.get_base_layer().weight
+                shift = (self.alpha_now - alpha) * s * (b0.float() @ a0.float())
+                weight.copy_((weight.float() + shift.to(weight.device)).to(weight.dtype))
+        super().scale(model, alpha)
+        self.alpha_now = float(alpha)
+
+    def costs(self) -> dict:
+        return dict(self._costs)

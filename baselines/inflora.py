@@ -1,0 +1,136 @@
+"""InfLoRA (Liang & Li, CVPR 2024, arXiv 2404.00228), adapted from continual ViT tasks to retained domains.
+
+Per site (the tensor a group of adapted modules reads):
+
+    M     = eigenvectors of the retained inputs' uncentered second moment covering energy epsilon
+    A     = the top-r right singular vectors (rows) of X_target (I - M M^T), frozen
+    h     = W0 x + s B A x,   B = 0 at init, the only trained tensor
+
+Retained inputs are the site's inputs on calibration prompts + the base's own responses (reference
+cache); target inputs are its inputs on the target training split encoded with `experiments.prompts`
+(prompt + response, as the training loop sees them). Every row of A lies in the orthogonal
+complement of M, so for a retained input x, Delta W x = s B A x = s B A (I - M M^T) x, whose size is
+bounded by the retained energy outside M (at most 1 - epsilon of it on the calibration inputs),
+whatever B learns. When the complement holds fewer than r directions with target energy, the
+remaining rows of A are zero (those columns of B receive no gradient).
+
+*Adaptation*: the paper designs A from the new task's gradient-free input subspace against earlier
+tasks' subspaces in ViTs; here "earlier tasks" are the retained domains. Built on peft LoRA: A is
+overwritten and frozen after `get_peft_model`, so export, reload and post-hoc scale are peft's.
+Knob: epsilon (0.9 ... 0.99).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from baselines.common import (
+    calibration_pairs,
+    lora_layers,
+    load_or_build_site_tensors,
+    pair_example,
+    sequence_max_length,
+    site_inputs,
+    target_examples,
+    target_module_names,
+)
+from baselines.lora import LoRA
+from experiments.activations import second_moment_basis
+from experiments.backbones import check_target_modules
+from experiments.methods import RunContext, require
+
+SUBSPACE_FILE = "inflora_subspaces.safetensors"
+
+
+def complement_down_projection(retained: torch.Tensor, target: torch.Tensor, epsilon: float, rank: int,
+                               rel_tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A [rank, d], M [d, m]): M covers `epsilon` of the retained second moment's energy; A's rows are the
+    top right singular vectors of target (I - M M^T), zero rows where the complement has no target energy."""
+    d = retained.shape[1]
+    m = second_moment_basis(retained.float(), epsilon)
+    projected = target.float() - (target.float() @ m) @ m.T
+    a = torch.zeros(rank, d, dtype=torch.float32, device=retained.device)
+    if projected.shape[0] == 0:
+        return a, m
+    _, s, vh = torch.linalg.svd(projected, full_matrices=False)
+    keep = int((s > rel_tol * s.max().clamp_min(1e-30)).sum()) if s.numel() and s.max() > 0 else 0
+    keep = min(keep, rank)
+    rows = vh[:keep]
+    rows = rows - (rows @ m) @ m.T  # exactly in the complement (removes rounding leakage into M)
+    a[:keep] = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    return a, m
+
+
+class InfLoRA(LoRA):
+    """LoRA whose frozen down-projection reads only directions outside the retained input subspace."""
+
+    def __init__(
+        self,
+        name: str = "inflora",
+        rank: int = 8,
+        alpha: float = 16.0,
+        dropout: float = 0.0,
+        target_modules: Optional[Sequence[str]] = None,
+        epsilon: float = 0.95,
+        max_tokens: int = 4096,
+        max_target_sequences: Optional[int] = 512,
+        calibration_batch_size: int = 16,
+    ) -> None:
+        require("epsilon", epsilon, 0.0 < epsilon < 1.0, "in (0, 1); the paper's range is 0.9 ... 0.99")
+        require("max_tokens", max_tokens, isinstance(max_tokens, int) and max_tokens > 0, "an integer > 0")
+        require("max_target_sequences", max_target_sequences,
+                max_target_sequences is None or (isinstance(max_target_sequences, int) and max_target_sequences > 0),
+                "null (all) or an integer > 0")
+        require("calibration_batch_size", calibration_batch_size, calibration_batch_size > 0, "> 0")
+        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
+        self.hparams.update(epsilon=epsilon, max_tokens=max_tokens, max_target_sequences=max_target_sequences,
+                            calibration_batch_size=calibration_batch_size)
+        self.epsilon, self.max_tokens = float(epsilon), max_tokens
+        self.max_target_sequences, self.calibration_batch_size = max_target_sequences, calibration_batch_size
+        self.retained_basis: dict[str, torch.Tensor] = {}  # backbone module name -> M [d, m]
+        self._costs: dict = {}
+
+    def build_subspaces(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
+        """(`<site>/A` [r, d] and `<site>/M` [d, m] for every site, site -> modules)."""
+        max_length = sequence_max_length(ctx)
+        retained_seqs = [pair_example(p) for p in calibration_pairs(ctx.reference(), max_length)]
+        target_seqs = target_examples(ctx, max_length, self.max_target_sequences, ctx.seed)
+        kw = dict(max_tokens=self.max_tokens, seed=ctx.seed, batch_size=self.calibration_batch_size)
+        sites, retained = site_inputs(model, ctx, targets, retained_seqs, **kw)
+        _, target = site_inputs(model, ctx, targets, target_seqs, sites=sites, **kw)
+        out = {}
+        for site in sites:
+            a, m = complement_down_projection(retained[site.name].to(ctx.device), target[site.name].to(ctx.device),
+                                              self.epsilon, self.rank)
+            out[f"{site.name}/A"], out[f"{site.name}/M"] = a, m
+        return out, {site.name: site.modules for site in sites}
+
+    def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+        targets = target_module_names(ctx, self.target_modules)
+        check_target_modules(model, targets, key="method.target_modules")
+        t0 = time.perf_counter()
+        tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / SUBSPACE_FILE,
+                                                            lambda: self.build_subspaces(model, ctx, targets))
+        spaces = {f"{m}.{what}": tensors[f"{site}/{what}"] for site, modules in sites.items() for m in modules
+                  for what in ("A", "M")}
+        self._costs.update(subspace_build_seconds=time.perf_counter() - t0, subspace_reused=loaded)
+        model = super().prepare(model, ctx)
+        layers = lora_layers(model)
+        with torch.no_grad():
+            for name, layer in layers.items():
+                if f"{name}.A" not in spaces:
+                    raise RuntimeError(f"InfLoRA has no subspace for adapted module {name}")
+                weight = layer.lora_A["default"].weight
+                weight.copy_(spaces[f"{name}.A"].to(weight.device, weight.dtype))
+                weight.requires_grad_(False)
+                self.retained_basis[name] = spaces[f"{name}.M"].to(ctx.device)
+        dims = [int(m.shape[1]) for m in self.retained_basis.values()]
+        self._costs["retained_subspace_dim_mean"] = sum(dims) / max(len(dims), 1)
+        return model
+
+    def costs(self) -> dict:
+        return dict(self._costs)

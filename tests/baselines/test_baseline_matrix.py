@@ -1,0 +1,96 @@
+"""Every method through the one training loop on the tiny backbone: the loss falls, the export reloads onto a
+fresh base with the same outputs, post-hoc scale 0 is the base; and one CLI sweep writes a record per method."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from atlas.method import ATLAS
+from baselines.common import load_peft_export
+from experiments.backbones import model_summary
+from experiments.records import RECORD_NAME
+from experiments.train import train
+from tests.baselines.baseline_helpers import (
+    fresh_base,
+    logits_of,
+    prepared,
+    retained_batch,
+    sft_loss,
+    target_batch,
+)
+from tests.conftest import run_cli, tiny_overrides
+
+METHODS = ["lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "atlas"]
+# CorDA's export is the converted update applied to the true W0 (W_res + s B A before, W0 + D after):
+# the same function, different float32 rounding. Every other export holds exactly the trained tensors.
+EXACT_RELOAD = {m: m != "corda" for m in METHODS}
+
+
+def reload(name: str, tiny, export_dir):
+    base = fresh_base(tiny)
+    if name == "atlas":
+        ATLAS.from_export(base, export_dir)
+        return base
+    return load_peft_export(base, export_dir)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tmp_path):
+    model, method, ctx = prepared(tiny, name, tmp_path / "run")
+    trainable = model_summary(model)["params_trainable"]
+    assert 0 < trainable < model_summary(model)["params_total"] / 2
+    probe = target_batch(tiny)
+    base_logits = logits_of(fresh_base(tiny), probe)
+    before = sft_loss(model, probe)
+    result = train(model, method, tiny.examples, ctx, steps=20, lr=5e-2, batch_size=4, grad_accum=2,
+                   pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+    after = sft_loss(model, probe)
+    print(f"{name}: trainable {trainable}, SFT loss {before:.3f} -> {after:.3f}, step losses "
+          f"{result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
+    assert len(result.losses) == 20 and all(map(torch.isfinite, torch.tensor(result.losses)))
+    assert after < before - 0.1, (before, after)
+
+    stored = method.export(model, tmp_path / "export")
+    assert stored > 0 and stored == sum(p.stat().st_size for p in (tmp_path / "export").iterdir()
+                                        if p.suffix == ".safetensors")
+    trained = logits_of(model, probe)
+    again = logits_of(reload(name, tiny, tmp_path / "export"), probe)
+    if EXACT_RELOAD[name]:
+        assert torch.equal(again, trained)
+    else:
+        torch.testing.assert_close(again, trained, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(trained, base_logits, atol=1e-3)
+
+    method.scale(model, 0.0)
+    torch.testing.assert_close(logits_of(model, probe), base_logits, rtol=1e-4, atol=1e-4)
+    method.scale(model, 1.0)
+    torch.testing.assert_close(logits_of(model, probe), trained, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_one_cli_sweep_writes_a_complete_record_per_method(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
+    """`python run.py -m method=<all>` (one process, Hydra's sequential launcher): a complete record each."""
+    run_root = tmp_path / "runs"
+    args = ["-m", f"method={','.join(METHODS)}", "logger=none",
+            *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, run_root, tmp_path / "cache",
+                            **{"train.steps": "3", "train.checkpoint_every": "3"})]
+    proc = run_cli(args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    records = {}
+    for path in run_root.glob(f"*/{RECORD_NAME}"):
+        rec = json.loads(path.read_text())
+        records[rec["method"]] = rec
+    assert set(records) == set(METHODS), sorted(records)
+    for name, rec in records.items():
+        assert rec["status"] == "complete", (name, rec.get("error"))
+        assert rec["train"]["steps"] == 3 and len(rec["train"]["losses"]) == 3
+        cost = rec["cost"]
+        assert cost["trainable_params"] > 0 and cost["stored_bytes"] > 0 and cost["train_seconds"] > 0, name
+        assert set(rec["metrics"]["retained"]) == {"math", "commonsense"}
+        assert rec["metrics"]["retained_kl_mean"] >= 0 and "pass@1" in rec["metrics"]["target"]
+    assert records["ewc"]["cost"]["fisher_build_seconds"] > 0
+    assert records["corda"]["cost"]["covariance_build_seconds"] > 0
+    assert records["inflora"]["cost"]["trainable_params"] < records["lora"]["cost"]["trainable_params"]
