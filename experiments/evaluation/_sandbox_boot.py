@@ -210,11 +210,48 @@ def _flush():
             pass
 
 
-def _supervise(status):
+def _descendants(pid):
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            with open("/proc/%d/task/%d/children" % (current, current)) as fh:
+                children = [int(p) for p in fh.read().split()]
+        except (OSError, ValueError):
+            children = []
+        found.extend(children)
+        todo.extend(children)
+    return found
+
+
+def _kill_descendants():
+    """Without a PID namespace: kill what the program left running (we are its subreaper)."""
+    import signal
+
+    for _ in range(1000):
+        pids = _descendants(os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+
+def _supervise(status, pid_namespace):
     """Fork the program's process and wait for it; the parent side never returns.
 
     The supervisor stays behind as the program's parent. In a PID namespace it is PID 1: it
-    reaps orphans, and its exit takes every remaining process of the namespace with it. The
+    reaps orphans, and its exit takes every remaining process of the namespace with it.
+    Without one it is a child subreaper, so orphans of the program (a daemon that called
+    setsid) become its children, and it kills all of its descendants before it exits. The
     program is not PID 1, so signals it sends itself behave as usual. The program's fate is
     reported as an ``exit`` event because a PID 1 cannot re-raise a signal on itself.
     """
@@ -231,6 +268,8 @@ def _supervise(status):
             continue
         if pid == child:
             break
+    if not pid_namespace:
+        _kill_descendants()
     if os.WIFSIGNALED(wait_status):
         status.send("exit", "signal", str(os.WTERMSIG(wait_status)))
         os._exit(128 + os.WTERMSIG(wait_status))
@@ -273,7 +312,7 @@ def main():
         os._exit(70)
     # The supervisor keeps its credentials: a credential change would clear the parent-death
     # signal that ``unshare --kill-child`` set, and the namespace must die with ``unshare``.
-    _supervise(status)
+    _supervise(status, pid_namespace=cfg["mount"])
     try:
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
         if uid is not None:
