@@ -1,0 +1,141 @@
+"""Everything the tables and figures show, computed once from the table of complete runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from analysis import matched as MT
+from analysis import methods as M
+from analysis import pareto as P
+from analysis import schema
+from analysis.stats import summarize
+
+
+@dataclass
+class Analysis:
+    runs: pd.DataFrame
+    levels: list[MT.Level]
+    primary: int                     # index into levels used by single-level tables and figures
+    interpolate: bool
+    confidence: float
+    domains: list[str]
+    groups: list[tuple[str, str]]    # (backbone, benchmark), sorted
+    thresholds: pd.DataFrame         # backbone, benchmark, level, level_spec, threshold, gain_lo, gain_hi
+    points: pd.DataFrame             # sweep points of every domain ("mean" and each retained domain)
+    matched_seed: pd.DataFrame       # per seed, KL averaged over domains, every level, trained methods
+    matched: pd.DataFrame            # its summary over seeds
+    paired: pd.DataFrame             # ATLAS against every other trained method
+    domain_seed: pd.DataFrame        # per seed, each domain's KL, primary level (column `domain`)
+    domain_matched: pd.DataFrame     # its summary over seeds (column `domain`)
+    answers: pd.DataFrame            # answer-level metrics of the primary-level choice, per seed
+    answer_cols: list[tuple[str, str, str, str]] = field(default_factory=list)  # (column, label, better, unit)
+
+    @property
+    def primary_level(self) -> MT.Level:
+        return self.levels[self.primary]
+
+    def threshold(self, backbone: str, benchmark: str, level: MT.Level) -> float:
+        t = self.thresholds
+        row = t[(t["backbone"] == backbone) & (t["benchmark"] == benchmark) & (t["level_spec"] == level.spec)]
+        return float(row["threshold"].iloc[0])
+
+
+def answer_columns(runs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """(column, label, better, unit) of the answer-level metrics present: per math domain the share of
+    rewritten answers, per choice domain the share of flipped choices, and per domain the accuracy
+    change adapted - base (shown in percent and percentage points)."""
+    out = []
+    for dom in P.domains(runs):
+        pre = f"retained/{dom}/"
+        if pre + "answer_change_rate" in runs.columns:
+            out.append((pre + "answer_change_rate", f"{dom}: answers changed (%)", "min", "%"))
+        if pre + "choice_flip_rate" in runs.columns:
+            out.append((pre + "choice_flip_rate", f"{dom}: choices flipped (%)", "min", "%"))
+        if pre + "adapted_accuracy" in runs.columns and pre + "base_accuracy" in runs.columns:
+            out.append((pre + "accuracy_delta", f"{dom}: Δ accuracy (pp)", "max", "pp"))
+    return out
+
+
+def analyze(
+    runs: pd.DataFrame,
+    levels: Sequence[str | MT.Level] = MT.DEFAULT_LEVELS,
+    primary: Optional[int] = None,
+    interpolate: bool = False,
+    confidence: float = 0.95,
+) -> Analysis:
+    """Sweep points and frontiers of every domain, the matched-requirement values at every level, the
+    paired comparisons, the per-domain and answer-level values at the primary level (default: the
+    middle level)."""
+    lv = [x if isinstance(x, MT.Level) else MT.parse_level(x) for x in levels]
+    if not lv:
+        raise ValueError("no requirement levels given")
+    primary = len(lv) // 2 if primary is None else primary
+    if not 0 <= primary < len(lv):
+        raise ValueError(f"primary level index {primary} is outside 0..{len(lv) - 1}")
+    runs = runs.copy()
+    doms = P.domains(runs)
+    for dom in doms:
+        pre = f"retained/{dom}/"
+        if pre + "adapted_accuracy" in runs.columns and pre + "base_accuracy" in runs.columns:
+            runs[pre + "accuracy_delta"] = runs[pre + "adapted_accuracy"] - runs[pre + "base_accuracy"]
+    groups = sorted({(b, c) for b, c in zip(runs["backbone"], runs["benchmark"])}) if len(runs) else []
+
+    trows = []
+    for bb, bench in groups:
+        lo, hi = MT.gain_range(runs, bb, bench)
+        for level in lv:
+            trows.append({"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
+                          "threshold": MT.threshold(level, runs, bb, bench), "gain_lo": lo, "gain_hi": hi})
+    thresholds = pd.DataFrame(trows, columns=["backbone", "benchmark", "level", "level_spec", "threshold",
+                                              "gain_lo", "gain_hi"])
+
+    frames = []
+    for dom in ["mean", *doms]:
+        pts = P.sweep_points(runs, P.kl_column(dom), confidence=confidence)
+        pts.insert(0, "domain", dom)
+        frames.append(pts)
+    points = pd.concat(frames, ignore_index=True)
+
+    trained = [m for m in M.ordered(runs["method"]) if m != M.BASE] if len(runs) else []
+    mseed = MT.per_seed_matched(runs, lv, schema.KL_MEAN_COL, interpolate, trained)
+    msum = MT.summarize_matched(mseed, confidence)
+    paired = MT.compare(mseed, M.REFERENCE, None, confidence)
+
+    dseeds, dsums = [], []
+    for dom in doms:
+        ds = MT.per_seed_matched(runs, [lv[primary]], P.kl_column(dom), interpolate, trained)
+        dsum = MT.summarize_matched(ds, confidence)
+        ds.insert(0, "domain", dom)
+        dsum.insert(0, "domain", dom)
+        dseeds.append(ds)
+        dsums.append(dsum)
+    domain_seed = pd.concat(dseeds, ignore_index=True) if dseeds else pd.DataFrame(columns=["domain"])
+    domain_matched = (pd.concat(dsums, ignore_index=True) if dsums
+                      else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
+
+    acols = answer_columns(runs)
+    answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols])
+    return Analysis(runs, lv, primary, interpolate, confidence, doms, groups, thresholds, points, mseed, msum,
+                    paired, domain_seed, domain_matched, answers, acols)
+
+
+def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str]) -> pd.DataFrame:
+    """Per seed: the answer-level metrics of the sweep point the matched requirement picks at `level`
+    (least mean KL among points meeting it, without interpolation: the values come from real runs)."""
+    chosen = MT.per_seed_matched(runs, [level], schema.KL_MEAN_COL, False, trained)
+    if not cols:
+        return chosen
+    vals = runs.groupby(["sweep_key", "seed"], sort=True)[cols].mean().reset_index()
+    return chosen.merge(vals, on=["sweep_key", "seed"], how="left")
+
+
+def summary_of(values: pd.Series, confidence: float) -> Optional[tuple[float, Optional[float], int]]:
+    """(mean, half-width or None, n) of the non-missing values, or None when there are none."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if v.empty:
+        return None
+    s = summarize(v, confidence)
+    return s.mean, s.half_width, s.n

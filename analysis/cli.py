@@ -1,0 +1,119 @@
+"""Command line: `python -m analysis collect ...` and `python -m analysis report ...` (see docs/analysis.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from analysis import matched as MT
+
+EXAMPLES = """examples:
+  python -m analysis collect runs multirun/2026-12-01 --out results.parquet
+  python -m analysis collect runs --wandb my-team/atlas --out results.csv
+  python -m analysis report runs --out report
+  python -m analysis report runs --out report --levels 0.3 0.4 gain:0.9 --interpolate
+  python -m analysis report runs --out report --check      # re-run and compare with the committed report
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description="Tables and figures from result records.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("collect", help="gather records into one table (parquet or CSV)")
+    c.add_argument("dirs", nargs="*", metavar="DIR", help="run directories or record files (searched recursively)")
+    c.add_argument("--wandb", action="append", default=[], metavar="ENTITY/PROJECT",
+                   help="also read the runs of this W&B project (repeatable)")
+    c.add_argument("--out", metavar="FILE", help="write the table here (.parquet/.pq or .csv)")
+    c.add_argument("--skipped", metavar="FILE", help="write the skipped runs and reasons here (CSV)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    r = sub.add_parser("report", help="write every table, figure and data file plus index.md into a folder")
+    r.add_argument("dirs", nargs="*", metavar="DIR", help="run directories or record files (searched recursively)")
+    r.add_argument("--out", default="report", metavar="FOLDER", help="report folder (default: report)")
+    r.add_argument("--levels", nargs="+", default=list(MT.DEFAULT_LEVELS), metavar="LEVEL",
+                   help="coding requirement levels: a pass@1 value (0.3) or a share of the coding gain over the "
+                        "base model (gain:0.75); default: %(default)s")
+    r.add_argument("--primary", type=int, default=None, metavar="I",
+                   help="index of the level used by single-level tables and figures (default: the middle one)")
+    r.add_argument("--interpolate", action="store_true",
+                   help="interpolate KL linearly along each method's per-seed frontier to the level")
+    r.add_argument("--wandb", action="append", default=[], metavar="ENTITY/PROJECT",
+                   help="also read the runs of this W&B project (repeatable)")
+    r.add_argument("--check", action="store_true",
+                   help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None, api=None) -> int:
+    """Entry point; `api` replaces `wandb.Api()` (tests)."""
+    args = _parser().parse_args(argv)
+    if not args.dirs and not args.wandb:
+        print("error: give at least one run directory or --wandb ENTITY/PROJECT", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "collect":
+            return _collect(args, api)
+        return _report(args, api)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _print_skipped(skipped) -> None:
+    for s in skipped:
+        who = " ".join(x for x in (s.method or "", f"seed {s.seed}" if s.seed is not None else "") if x)
+        print(f"  [{s.kind}] {s.source}" + (f" ({who})" if who else "") + f": {s.reason}")
+
+
+def _collect(args, api) -> int:
+    from analysis.collect import collect, write_table
+
+    col = collect(args.dirs, args.wandb, api=api, progress=not args.no_progress)
+    df = col.table
+    print(f"{len(df)} complete runs from {col.n_sources} sources; {len(col.skipped)} skipped")
+    if len(df):
+        counts = df.groupby(["backbone", "benchmark", "method"]).size()
+        for (bb, bench, method), n in counts.items():
+            print(f"  {bb}/{bench} {method}: {n} runs")
+    if col.skipped:
+        print("skipped:")
+        _print_skipped(col.skipped)
+    if args.out:
+        path = write_table(df, args.out)
+        print(f"table: {path}")
+    if args.skipped:
+        from pathlib import Path
+
+        Path(args.skipped).parent.mkdir(parents=True, exist_ok=True)
+        col.skipped_frame().to_csv(args.skipped, index=False, lineterminator="\n")
+        print(f"skipped runs: {args.skipped}")
+    return 0
+
+
+def _report(args, api) -> int:
+    from analysis.report import check_report, default_command, write_report
+
+    levels = [lv.spec for lv in MT.parse_levels(args.levels)]
+    command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb)
+    kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
+                  api=api, command=command, progress=not args.no_progress)
+    if args.check:
+        diffs = check_report(args.dirs, args.out, **kwargs)
+        if diffs:
+            print(f"{args.out} differs from a re-run:")
+            for d in diffs:
+                print(f"  {d}")
+            return 1
+        print(f"{args.out} matches a re-run byte for byte")
+        return 0
+    rep = write_report(args.dirs, args.out, **kwargs)
+    col = rep.collection
+    print(f"{len(col.table)} complete runs; {len(col.skipped)} skipped; {len(rep.files)} files in {rep.folder}")
+    if col.skipped:
+        _print_skipped(col.skipped)
+    print(f"index: {rep.folder / 'index.md'}")
+    return 0

@@ -1,0 +1,281 @@
+"""Figures at paper column width (3.3 in, fonts 7 pt and up), PNG and PDF, byte-identical on a re-run.
+
+- pareto_<backbone>_<domain>: pass@1 against retained KL, one colour and marker per method;
+  sweep-point means with 95% t-intervals over seeds (both axes), each method's frontier as a line
+  (frontier points filled, dominated points hollow), post-hoc scales of one training run joined by
+  a dotted line, the base model as a star, the requirement levels as dotted horizontal lines.
+- answers_<backbone>: bars of the answer-level rates at the primary level (one panel per rate).
+- ablation_<backbone>: bars of the ATLAS variants' KL at every requirement level.
+
+No pyplot: figures are `matplotlib.figure.Figure` objects, so nothing global is touched.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.transforms import blended_transform_factory
+
+from analysis import methods as M
+from analysis.analyze import Analysis, summary_of
+from analysis.pareto import domain_label
+from analysis.tables import group_label
+
+WIDTH_IN = 3.3
+FONT_PT = 7
+DPI = 300
+RC = {
+    "font.family": "DejaVu Sans",
+    "font.size": FONT_PT,
+    "axes.titlesize": FONT_PT + 1,
+    "axes.labelsize": FONT_PT,
+    "xtick.labelsize": FONT_PT,
+    "ytick.labelsize": FONT_PT,
+    "legend.fontsize": FONT_PT,
+    "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "lines.linewidth": 1.0,
+    "lines.markersize": 4,
+    "errorbar.capsize": 0,
+    "savefig.dpi": DPI,
+    "pdf.fonttype": 42,
+    "svg.hashsalt": "analysis",
+    "path.simplify": False,
+}
+LEVEL_HATCHES = ("", "////", "....", "xxxx", "\\\\\\\\", "oo")
+
+
+@dataclass
+class FigureSpec:
+    stem: str            # file name without extension
+    title: str           # what it shows (for the index)
+    figure: Figure
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "x"
+
+
+def _group_slug(bb: str, bench: str) -> str:
+    return slug(bb) if bb == bench else f"{slug(bb)}_{slug(bench)}"
+
+
+def _level_short(lv) -> str:
+    """A level's short label next to its line: "75%" for gain levels, the value for absolute ones."""
+    return f"{100 * lv.value:g}%" if lv.kind == "gain" else f"{lv.value:g}"
+
+
+PARTIAL_ALPHA = 0.4
+
+
+def _status_handles() -> list:
+    return [Patch(facecolor="0.45", alpha=PARTIAL_ALPHA, edgecolor="none", label="lighter: some seeds reach"),
+            Line2D([], [], linestyle="none", marker="$n.r.$", markersize=9, color="0.3", label="not reached")]
+
+
+def _legend_rows(n: int, ncol: int) -> int:
+    return max(1, math.ceil(n / ncol))
+
+
+def _method_handle(method: str, line: bool = True) -> Line2D:
+    st = M.style(method)
+    return Line2D([], [], color=st.color, marker=st.marker, linestyle="-" if line else "none",
+                  markersize=5 if method == M.BASE else 4, label=M.label(method))
+
+
+def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str) -> Optional[Figure]:
+    """pass@1 (y, higher better) against retained KL (x, lower better) of every method on one backbone."""
+    pts = a.points[(a.points["domain"] == domain) & (a.points["backbone"] == backbone)
+                   & (a.points["benchmark"] == benchmark)]
+    if pts.empty:
+        return None
+    methods = M.ordered(pts["method"])
+    ncol = 3
+    rows = _legend_rows(len(methods), ncol)
+    fig = Figure(figsize=(WIDTH_IN, 2.35 + 0.17 * rows), layout="constrained")
+    ax = fig.add_subplot()
+    for method in methods:
+        st = M.style(method)
+        g = pts[pts["method"] == method].sort_values(["x_mean", "y_mean", "sweep_key"], kind="mergesort")
+        z = 4 if method == M.REFERENCE else 3
+        spread = g[g["n_seeds"] >= 2]
+        if len(spread):
+            ax.errorbar(spread["y_mean"], spread["x_mean"],
+                        xerr=[spread["y_mean"] - spread["y_lo"], spread["y_hi"] - spread["y_mean"]],
+                        yerr=[spread["x_mean"] - spread["x_lo"], spread["x_hi"] - spread["x_mean"]],
+                        fmt="none", ecolor=st.color, elinewidth=0.5, alpha=0.5, zorder=z - 1)
+        if method == M.BASE:
+            ax.plot(g["y_mean"], g["x_mean"], linestyle="none", marker=st.marker, color=st.color, markersize=7,
+                    zorder=z + 1)
+            continue
+        for _, tg in g.groupby("train_key", sort=True):
+            if tg["scale"].nunique() > 1:
+                tg = tg.sort_values("scale", kind="mergesort")
+                ax.plot(tg["y_mean"], tg["x_mean"], linestyle=":", linewidth=0.6, color=st.color, zorder=z - 1)
+        front = g[g["on_frontier"].astype(bool)].sort_values(["y_mean", "x_mean"], kind="mergesort")
+        if len(front) > 1:
+            ax.plot(front["y_mean"], front["x_mean"], linestyle="-", color=st.color, linewidth=1.0, zorder=z)
+        ax.plot(front["y_mean"], front["x_mean"], linestyle="none", marker=st.marker, color=st.color,
+                markersize=4, zorder=z + 1)
+        dom = g[~g["on_frontier"].astype(bool)]
+        if len(dom):
+            ax.plot(dom["y_mean"], dom["x_mean"], linestyle="none", marker=st.marker, markerfacecolor="white",
+                    markeredgecolor=st.color, markeredgewidth=0.7, markersize=4, zorder=z)
+    right = blended_transform_factory(ax.transAxes, ax.transData)
+    for lv in a.levels:
+        c = a.threshold(backbone, benchmark, lv)
+        ax.axhline(c, color="0.55", linestyle=(0, (1, 2)), linewidth=0.6, zorder=1)
+        ax.text(1.01, c, _level_short(lv), transform=right, fontsize=FONT_PT, color="0.4", va="center", ha="left")
+    ax.set_xlabel(f"Retained KL, {domain_label(domain)} (lower is better)")
+    ax.set_ylabel("Coding pass@1 (higher is better)")
+    ax.set_title(f"{group_label(backbone, benchmark)}", loc="left")
+    ax.grid(True, linewidth=0.3, color="0.88")
+    ax.set_axisbelow(True)
+    ax.margins(x=0.06, y=0.08)
+    ax.set_xlim(left=min(0.0, ax.get_xlim()[0]))
+    handles = [_method_handle(m, line=m != M.BASE) for m in methods]
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=1.6,
+               columnspacing=1.0, handletextpad=0.4)
+    return fig
+
+
+def _bar_label(ax, x: float, text: str) -> None:
+    ax.annotate(text, (x, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                rotation=90, fontsize=FONT_PT, color="0.3")
+
+
+def answers_figure(a: Analysis, backbone: str, benchmark: str) -> Optional[Figure]:
+    """Bars of the answer-level rates (percent) of the primary-level choice, one panel per rate."""
+    cols = [(c, label) for c, label, better, unit in a.answer_cols if unit == "%"]
+    ans = a.answers[(a.answers["backbone"] == backbone) & (a.answers["benchmark"] == benchmark)]
+    methods = [m for m in M.ordered(ans["method"]) if m != M.BASE] if len(ans) else []
+    if not cols or not methods:
+        return None
+    fig = Figure(figsize=(WIDTH_IN, 1.15 + 1.1 * len(cols)), layout="constrained")
+    axes = fig.subplots(len(cols), 1, sharex=True, squeeze=False)[:, 0]
+    xs = list(range(len(methods)))
+    for ax, (col, label) in zip(axes, cols):
+        for x, method in zip(xs, methods):
+            st = M.style(method)
+            gm = ans[ans["method"] == method]
+            reached = gm[gm["reached"]]
+            s = summary_of(reached[col], a.confidence) if len(reached) else None
+            if s is None:
+                _bar_label(ax, x, "n.r." if reached.empty else "n/a")
+                continue
+            mean, half, _ = s
+            partial = len(reached) < len(gm)
+            ax.bar(x, 100 * mean, width=0.7, color=st.color, alpha=PARTIAL_ALPHA if partial else 0.9,
+                   edgecolor="none")
+            if half is not None:
+                ax.errorbar(x, 100 * mean, yerr=100 * half, fmt="none", ecolor="0.15", elinewidth=0.7)
+        ax.set_title(label.replace(" (%)", ""), loc="left", fontsize=FONT_PT)
+        ax.set_ylabel("% of items")
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(-0.5, len(methods) - 0.5)
+        ax.grid(True, axis="y", linewidth=0.3, color="0.88")
+        ax.set_axisbelow(True)
+    axes[-1].set_xticks(xs, [M.label(m) for m in methods], rotation=40, ha="right", rotation_mode="anchor")
+    fig.suptitle(f"{group_label(backbone, benchmark)}: {a.primary_level.label.replace('>=', '≥')}",
+                 x=0.02, ha="left", fontsize=FONT_PT + 1)
+    fig.legend(handles=_status_handles(), loc="outside lower center", ncol=2, frameon=False, handlelength=1.6)
+    return fig
+
+
+def ablation_figure(a: Analysis, backbone: str, benchmark: str) -> Optional[Figure]:
+    """Bars of the ATLAS variants' KL at matched requirement, one bar per level (hatch = level)."""
+    summ = a.matched[(a.matched["backbone"] == backbone) & (a.matched["benchmark"] == benchmark)]
+    methods = M.ablation_methods(summ["method"].unique()) if len(summ) else []
+    if not any(m != M.REFERENCE for m in methods):
+        return None
+    nl = len(a.levels)
+    width = 0.8 / nl
+    fig = Figure(figsize=(WIDTH_IN, 2.3 + 0.17 * _legend_rows(nl + 2, 2)), layout="constrained")
+    ax = fig.add_subplot()
+    xs = list(range(len(methods)))
+    for x, method in zip(xs, methods):
+        st = M.style(method)
+        for k, lv in enumerate(a.levels):
+            pos = x - 0.4 + width * (k + 0.5)
+            r = summ[(summ["method"] == method) & (summ["level_spec"] == lv.spec)]
+            if r.empty or int(r.iloc[0]["n_reached"]) == 0:
+                _bar_label(ax, pos, "n.r.")
+                continue
+            r = r.iloc[0]
+            partial = int(r["n_reached"]) < int(r["n_seeds"])
+            ax.bar(pos, float(r["mean"]), width=width * 0.92, color=st.color, alpha=PARTIAL_ALPHA if partial else 0.9,
+                   hatch=LEVEL_HATCHES[k % len(LEVEL_HATCHES)], edgecolor="white", linewidth=0.0)
+            if not pd.isna(r["lo"]):
+                ax.errorbar(pos, float(r["mean"]), yerr=[[float(r["mean"]) - float(r["lo"])],
+                                                         [float(r["hi"]) - float(r["mean"])]],
+                            fmt="none", ecolor="0.15", elinewidth=0.7)
+    ax.set_xticks(xs, [M.label(m) for m in methods], rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.5, len(methods) - 0.5)
+    ax.set_ylabel("Retained KL at matched\nrequirement (lower is better)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, axis="y", linewidth=0.3, color="0.88")
+    ax.set_axisbelow(True)
+    ax.set_title(group_label(backbone, benchmark), loc="left")
+    handles = [Patch(facecolor="0.6", edgecolor="white", hatch=LEVEL_HATCHES[k % len(LEVEL_HATCHES)],
+                     label=lv.label.replace(">=", "≥")) for k, lv in enumerate(a.levels)]
+    handles += _status_handles()
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False, handlelength=1.6,
+               columnspacing=1.0)
+    return fig
+
+
+def all_figures(a: Analysis) -> tuple[list[FigureSpec], list[str]]:
+    """Every figure the analysis supports, and a sentence for each figure that cannot be drawn."""
+    out: list[FigureSpec] = []
+    missing: list[str] = []
+    for bb, bench in a.groups:
+        gs = _group_slug(bb, bench)
+        name = group_label(bb, bench)
+        for dom in ["mean", *a.domains]:
+            fig = pareto_figure(a, bb, bench, dom)
+            if fig is not None:
+                out.append(FigureSpec(f"pareto_{gs}_{slug(dom)}", f"Pareto: pass@1 against retained KL "
+                                      f"({domain_label(dom)}) on {name}", fig))
+        fig = answers_figure(a, bb, bench)
+        if fig is not None:
+            out.append(FigureSpec(f"answers_{gs}", f"Answer-level rates at the primary level on {name}", fig))
+        else:
+            missing.append(f"answers_{gs}: no answer-level metrics or no trained method on {name}")
+        fig = ablation_figure(a, bb, bench)
+        if fig is not None:
+            out.append(FigureSpec(f"ablation_{gs}", f"ATLAS variants' KL at every level on {name}", fig))
+        else:
+            missing.append(f"ablation_{gs}: no runs of an ATLAS variant on {name}")
+    if not a.groups:
+        missing.append("no complete runs: no figure can be drawn")
+    return out, missing
+
+
+def save(fig: Figure, folder: Path, stem: str) -> list[Path]:
+    """Write `stem.png` and `stem.pdf` without timestamps or version strings (byte-identical re-runs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    png, pdf = folder / f"{stem}.png", folder / f"{stem}.pdf"
+    with matplotlib.rc_context(RC):
+        fig.savefig(png, format="png", dpi=DPI, metadata={"Software": None})
+        fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    return [png, pdf]
+
+
+def render_all(a: Analysis, folder: Path) -> tuple[list[tuple[FigureSpec, list[Path]]], list[str]]:
+    """Draw and save every figure into `folder`."""
+    with matplotlib.rc_context(RC):
+        specs, missing = all_figures(a)
+    out = []
+    for spec in specs:
+        out.append((spec, save(spec.figure, folder, spec.stem)))
+    return out, missing

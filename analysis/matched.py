@@ -1,0 +1,222 @@
+"""KL at a matched coding requirement (EVALUATION.md, "Matched coding requirement").
+
+For a requirement level c (pass@1 >= c), a method and a seed: the least retained KL among the
+method's sweep points whose run with that seed meets c; "not reached" when none does. With
+`interpolate`, the KL where the seed's Pareto frontier (pass@1 against KL) crosses c, linearly
+between the two frontier points around c (never extrapolated: not reached above the frontier's
+best pass@1; the frontier's lowest KL below its least pass@1). Then, over seeds: mean, standard
+deviation and a 95% t-interval of the seeds that reach c, and a paired comparison of ATLAS
+against each other method over the seeds where both reach c.
+
+Levels are absolute (`0.3`: pass@1 >= 0.3) or relative to the coding gain on a backbone
+(`gain:0.75`: pass@1 >= lo + 0.75 (hi - lo), with lo the base model's mean pass@1 on that
+backbone and benchmark, 0 without base runs, and hi the best sweep-point mean pass@1 of any
+trained method there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from analysis import methods as M
+from analysis import schema
+from analysis.pareto import frontier_mask, per_seed
+from analysis.stats import paired, summarize
+
+DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
+TOL = 1e-9   # pass@1 within this of the level counts as meeting it (float noise in level arithmetic)
+
+
+@dataclass(frozen=True)
+class Level:
+    spec: str          # as given: "0.3" or "gain:0.75"
+    kind: str          # "abs" or "gain"
+    value: float
+
+    @property
+    def label(self) -> str:
+        if self.kind == "gain":
+            return f"{_pct(self.value)} of gain"
+        return f"pass@1 >= {self.value:g}"
+
+
+def _pct(f: float) -> str:
+    return f"{100 * f:g}%"
+
+
+def parse_level(spec: str) -> Level:
+    """`0.3` (absolute pass@1) or `gain:0.75` (share of the coding gain over the base model)."""
+    text = str(spec).strip()
+    kind, _, number = text.rpartition(":")
+    kind = kind or "abs"
+    if kind not in ("abs", "gain"):
+        raise ValueError(f"level {spec!r}: prefix {kind!r} unknown; use a number (0.3) or gain:FRACTION (gain:0.75)")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"level {spec!r}: {number!r} is not a number") from None
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"level {spec!r}: {value} is outside [0, 1]")
+    return Level(text, kind, value)
+
+
+def parse_levels(specs: Sequence[str]) -> list[Level]:
+    levels = []
+    for spec in specs:
+        for part in str(spec).split(","):
+            if part.strip():
+                levels.append(parse_level(part))
+    if not levels:
+        raise ValueError("no requirement levels given")
+    seen = set()
+    out = []
+    for lv in levels:
+        if (lv.kind, lv.value) not in seen:
+            seen.add((lv.kind, lv.value))
+            out.append(lv)
+    return out
+
+
+def gain_range(df: pd.DataFrame, backbone: str, benchmark: str) -> tuple[float, float]:
+    """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (0 without base runs)
+    and the best sweep-point mean of any trained method (lo when there is none)."""
+    g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark)]
+    base = g[g["method"] == M.BASE][schema.TARGET_COL]
+    lo = float(base.mean()) if len(base) else 0.0
+    trained = g[g["method"] != M.BASE]
+    if trained.empty:
+        return lo, lo
+    seeds = per_seed(trained, [schema.TARGET_COL])
+    hi = float(seeds.groupby("sweep_key")[schema.TARGET_COL].mean().max())
+    return lo, max(lo, hi)
+
+
+def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str) -> float:
+    """The absolute pass@1 requirement of `level` on one backbone and benchmark."""
+    if level.kind == "abs":
+        return level.value
+    lo, hi = gain_range(df, backbone, benchmark)
+    return lo + level.value * (hi - lo)
+
+
+def _interp(points: list[tuple[float, float]], c: float) -> Optional[float]:
+    """KL where the frontier (x ascending, y ascending) reaches pass@1 = c; None above its best x."""
+    if not points or points[-1][0] < c - TOL:
+        return None
+    if c <= points[0][0] + TOL:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 < c <= x1 + TOL:
+            if x1 <= c:
+                return y1
+            return y0 + (c - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
+
+
+def per_seed_matched(
+    df: pd.DataFrame,
+    levels: Sequence[Level],
+    y_col: str = schema.KL_MEAN_COL,
+    interpolate: bool = False,
+    methods: Optional[Sequence[str]] = None,
+) -> pd.DataFrame:
+    """One row per (backbone, benchmark, level, method, seed): `reached`, `kl` (NaN when not reached),
+    and the chosen sweep point (`sweep_key`, its `pass@1`; with interpolation the nearest frontier point
+    at or above the level). Seeds are those the method ran on that backbone and benchmark.
+    """
+    cols = ["backbone", "benchmark", "level", "level_spec", "threshold", "method", "seed", "reached", "kl",
+            "pass@1", "sweep_key", "interpolated"]
+    seeds_tab = per_seed(df, [schema.TARGET_COL, y_col])
+    rows = []
+    for (bb, bench), g in seeds_tab.groupby(["backbone", "benchmark"], sort=True):
+        names = M.ordered(g["method"]) if methods is None else [m for m in M.ordered(g["method"]) if m in methods]
+        for level in levels:
+            c = threshold(level, df, bb, bench)
+            for method in names:
+                gm = g[g["method"] == method]
+                for seed, gs in gm.groupby("seed", sort=True):
+                    gs = gs.sort_values("sweep_key", kind="mergesort")
+                    xs, ys, keys = list(gs[schema.TARGET_COL]), list(gs[y_col]), list(gs["sweep_key"])
+                    meets = [i for i in range(len(xs)) if xs[i] >= c - TOL]
+                    row = {"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
+                           "threshold": c, "method": method, "seed": int(seed), "reached": bool(meets),
+                           "kl": float("nan"), "pass@1": float("nan"), "sweep_key": None, "interpolated": False}
+                    if meets:
+                        best = min(meets, key=lambda i: (ys[i], -xs[i], keys[i]))
+                        row.update({"kl": ys[best], "pass@1": xs[best], "sweep_key": keys[best]})
+                        if interpolate:
+                            mask = frontier_mask(xs, ys)
+                            front = sorted((xs[i], ys[i]) for i in range(len(xs)) if mask[i])
+                            value = _interp(front, c)
+                            if value is not None:
+                                row.update({"kl": value, "interpolated": value != ys[best]})
+                    rows.append(row)
+    return pd.DataFrame(rows, columns=cols)
+
+
+SUMMARY_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "method", "n_seeds", "n_reached",
+                "mean", "std", "lo", "hi", "status"]
+
+
+def summarize_matched(per_seed_df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Over seeds, per (backbone, benchmark, level, method): how many seeds reach the level, and the mean,
+    std and t-interval of their KL. `status`: reached (all seeds), partial, or not reached (no seed)."""
+    rows = []
+    keys = ["backbone", "benchmark", "level", "level_spec", "threshold", "method"]
+    for key, g in per_seed_df.groupby(keys, sort=False):
+        reached = g[g["reached"]]
+        row = dict(zip(keys, key)) | {"n_seeds": len(g), "n_reached": len(reached)}
+        if len(reached):
+            s = summarize(reached["kl"], confidence)
+            row |= {"mean": s.mean, "std": s.std, "lo": s.lo, "hi": s.hi}
+        else:
+            row |= {"mean": None, "std": None, "lo": None, "hi": None}
+        row["status"] = "reached" if len(reached) == len(g) else ("partial" if len(reached) else "not reached")
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=SUMMARY_COLS)
+    for c in ("mean", "std", "lo", "hi"):
+        out[c] = out[c].astype(float)
+    return out
+
+
+COMPARE_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "reference", "method", "n_pairs",
+                "mean_diff", "lo", "hi", "t", "p_t", "wins", "losses", "p_sign", "only_reference", "only_method"]
+
+
+def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Optional[Sequence[str]] = None,
+            confidence: float = 0.95) -> pd.DataFrame:
+    """Paired comparison of `reference` against each other method, per backbone, benchmark and level.
+
+    Pairs are the seeds where both reach the level; d = KL(reference) - KL(method), so a negative mean
+    means the reference keeps retained outputs closer to the base. Reported: mean d, its t-interval,
+    the paired t statistic with its two-sided p (n - 1 degrees of freedom), the seeds where the
+    reference is lower (wins) or higher (losses), and the exact two-sided sign-test p. Seeds where only
+    one of the two reaches the level are counted in `only_reference` / `only_method`.
+    """
+    rows = []
+    keys = ["backbone", "benchmark", "level", "level_spec", "threshold"]
+    for key, g in per_seed_df.groupby(keys, sort=False):
+        ref = g[g["method"] == reference].set_index("seed")
+        if ref.empty:
+            continue
+        names = [m for m in M.ordered(g["method"]) if m != reference and (others is None or m in others)]
+        for method in names:
+            oth = g[g["method"] == method].set_index("seed")
+            common = sorted(set(ref.index) & set(oth.index))
+            both = [s for s in common if ref.at[s, "reached"] and oth.at[s, "reached"]]
+            only_ref = sum(1 for s in common if ref.at[s, "reached"] and not oth.at[s, "reached"])
+            only_oth = sum(1 for s in common if oth.at[s, "reached"] and not ref.at[s, "reached"])
+            p = paired([ref.at[s, "kl"] for s in both], [oth.at[s, "kl"] for s in both], confidence)
+            rows.append(dict(zip(keys, key)) | {
+                "reference": reference, "method": method, "n_pairs": p.n, "mean_diff": p.mean_diff,
+                "lo": p.lo, "hi": p.hi, "t": p.t, "p_t": p.p_t, "wins": p.wins, "losses": p.losses,
+                "p_sign": p.p_sign, "only_reference": only_ref, "only_method": only_oth,
+            })
+    out = pd.DataFrame(rows, columns=COMPARE_COLS)
+    for c in ("mean_diff", "lo", "hi", "t", "p_t", "p_sign"):
+        out[c] = out[c].astype(float)
+    return out

@@ -1,0 +1,268 @@
+"""The report folder: every table (Markdown + LaTeX), figure (PNG + PDF) and data file, and `index.md`.
+
+Deterministic: the same records and the same command give byte-identical files (no timestamps,
+sorted inputs, fixed float formatting, figure metadata without dates), so a committed report can
+be checked against a re-run (`python -m analysis report ... --check`).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+
+from analysis import figures as F
+from analysis import matched as MT
+from analysis import methods as M
+from analysis import pareto as P
+from analysis import render
+from analysis.analyze import Analysis, analyze
+from analysis.collect import Collection, collect
+from analysis.tables import all_tables, group_label
+
+INDEX = "index.md"
+SUBDIRS = ("tables", "figures", "data")
+OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
+
+TABLE_TEXT = {
+    "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
+    "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test)",
+    "ablations": "The ATLAS variants at every level and their paired difference to ATLAS",
+    "backbones": "KL at the primary level, one column per backbone",
+    "domains": "Each retained domain's KL at the primary level (math vs commonsense)",
+    "answers": "Answer-level stability at the primary level: rewritten math answers, flipped choices, accuracy change",
+    "costs": "Trainable parameters, stored bytes, train seconds, decode tokens/s",
+}
+DATA_TEXT = {
+    "runs.csv": "every complete run used (one row per run id, all columns of the collected table)",
+    "skipped.csv": "runs left out, with the reason",
+    "thresholds.csv": "the absolute pass@1 requirement of every level on every backbone",
+    "pareto_points.csv": "sweep points per domain: seeds, mean and 95% interval of pass@1 and KL, on_frontier",
+    "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point",
+    "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% interval",
+    "paired.csv": "ATLAS against each method per level: pairs, mean difference, interval, t, p, sign test",
+    "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
+    "answers_per_seed.csv": "per seed at the primary level: the chosen point's answer-level metrics",
+}
+
+
+@dataclass
+class Report:
+    folder: Path
+    collection: Collection
+    analysis: Analysis
+    files: list[Path] = field(default_factory=list)
+
+
+def _csv(df: pd.DataFrame, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False, lineterminator="\n")
+    return path
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="\n")
+    return path
+
+
+def _md(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def warnings_of(a: Analysis) -> list[str]:
+    """Sweep points whose runs differ outside the knobs (several runs for one seed, or other config)."""
+    out = []
+    runs = a.runs
+    if runs.empty:
+        return out
+    seeds = P.per_seed(runs, [])
+    multi = seeds[seeds["n_runs"] > 1]
+    for _, r in multi.iterrows():
+        out.append(f"{r['method']} on {group_label(r['backbone'], r['benchmark'])}, sweep point {r['sweep_key']}, "
+                   f"seed {int(r['seed'])}: {int(r['n_runs'])} runs that differ outside the knobs; their mean is used.")
+    if "config_key" in runs.columns:
+        n_cfg = runs.groupby("sweep_key")["config_key"].nunique()
+        for key in sorted(n_cfg[n_cfg > 1].index):
+            g = runs[runs["sweep_key"] == key].iloc[0]
+            out.append(f"{g['method']} on {group_label(g['backbone'], g['benchmark'])}, sweep point {key}: runs with "
+                       f"{int(n_cfg[key])} different configs outside the knobs and seed (e.g. eval settings).")
+    return out
+
+
+def _index(rep: Report, command: str, tables, figures, missing, data_files) -> str:
+    a, col = rep.analysis, rep.collection
+    runs = a.runs
+    lines = ["# Analysis report", "", "Regenerate (and check against this folder) with:", "",
+             "```", command, "```", "", "## Runs", ""]
+    counts = col.counts()
+    lines.append(f"- Sources read (record files and W&B runs): {col.n_sources}")
+    lines.append(f"- Complete runs used: {len(runs)}")
+    lines.append(f"- Skipped: {len(col.skipped)}" + (
+        " (" + ", ".join(f"{k}: {v}" for k, v in counts.items()) + ")" if counts else ""))
+    lines.append("")
+    if len(runs):
+        lines += ["| Backbone | Benchmark | Method | Runs | Sweep points | Seeds |", "|:---|:---|:---|---:|---:|:---|"]
+        for (bb, bench), g in runs.groupby(["backbone", "benchmark"], sort=True):
+            for method in M.ordered(g["method"]):
+                gm = g[g["method"] == method]
+                seeds = ",".join(str(int(s)) for s in sorted(gm["seed"].unique()))
+                lines.append(f"| {_md(bb)} | {_md(bench)} | {_md(method)} | {len(gm)} | {gm['sweep_key'].nunique()} "
+                             f"| {seeds} |")
+        lines.append("")
+    warns = warnings_of(a)
+    if warns:
+        lines += ["### Warnings", ""] + [f"- {_md(w)}" for w in warns] + [""]
+
+    lines += ["## Requirement levels", ""]
+    lines.append("Levels: " + ", ".join(f"`{lv.spec}` ({lv.label})" for lv in a.levels)
+                 + f"; primary level (single-level tables and figures): `{a.primary_level.spec}`"
+                 + ("; KL interpolated along per-seed frontiers." if a.interpolate else "; no interpolation."))
+    lines.append("")
+    if len(a.thresholds):
+        lines += ["| Backbone | Benchmark | Level | pass@1 required |", "|:---|:---|:---|---:|"]
+        for _, r in a.thresholds.iterrows():
+            lines.append(f"| {_md(r['backbone'])} | {_md(r['benchmark'])} | {_md(r['level'])} | "
+                         f"{render.fmt_num(float(r['threshold']), 4)} |")
+        lines.append("")
+
+    lines += ["## Tables", "", "| Files | Shows |", "|:---|:---|"]
+    for t, paths in tables:
+        links = ", ".join(f"[{p}]({p})" for p in paths)
+        shows = TABLE_TEXT.get(t.name, t.title) + (f" — *absent: {_md(t.absent)}*" if t.absent else "")
+        lines.append(f"| {links} | {_md(shows)} |")
+    lines += ["", "## Figures", "", "| Files | Shows |", "|:---|:---|"]
+    for spec, paths in figures:
+        links = ", ".join(f"[{p}]({p})" for p in paths)
+        lines.append(f"| {links} | {_md(spec.title)} |")
+    lines.append("")
+    if missing:
+        lines += ["Not drawn:", ""] + [f"- {_md(m)}" for m in missing] + [""]
+    lines += ["## Data", "", "| File | Holds |", "|:---|:---|"]
+    for p in data_files:
+        lines.append(f"| [{p}]({p}) | {_md(DATA_TEXT.get(Path(p).name, ''))} |")
+    lines += ["", "## Skipped runs", ""]
+    if col.skipped:
+        lines += ["| Source | Kind | Run id | Method | Seed | Reason |", "|:---|:---|:---|:---|---:|:---|"]
+        for s in col.skipped:
+            lines.append(f"| {_md(s.source)} | {s.kind} | {_md(s.run_id or '')} | {_md(s.method or '')} | "
+                         f"{'' if s.seed is None else s.seed} | {_md(s.reason)} |")
+    else:
+        lines.append("None.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _clean_stale(folder: Path, written: set[Path]) -> None:
+    """Remove files of a previous report in the report's own subfolders that this run did not write."""
+    for sub in SUBDIRS:
+        d = folder / sub
+        if not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            if p.is_file() and p.suffix in OWNED_SUFFIXES and p.resolve() not in written:
+                p.unlink()
+
+
+def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
+                    interpolate: bool, wandb_paths: Sequence[str]) -> str:
+    """The command line that regenerates a report with these arguments."""
+    import shlex
+
+    args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
+    if primary is not None:
+        args += ["--primary", str(primary)]
+    if interpolate:
+        args.append("--interpolate")
+    for w in wandb_paths:
+        args += ["--wandb", w]
+    return shlex.join(args)
+
+
+def write_report(
+    dirs: Sequence[str] = (),
+    out: str | Path = "report",
+    levels: Sequence[str] = MT.DEFAULT_LEVELS,
+    primary: Optional[int] = None,
+    interpolate: bool = False,
+    wandb_paths: Sequence[str] = (),
+    api: Any = None,
+    command: Optional[str] = None,
+    progress: bool = False,
+) -> Report:
+    """Collect, analyse and write every table, figure and data file plus `index.md` into `out`."""
+    folder = Path(out)
+    col = collect(dirs, wandb_paths, api=api, progress=progress)
+    a = analyze(col.table, MT.parse_levels(levels), primary, interpolate)
+    rep = Report(folder, col, a)
+    if command is None:
+        command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths)
+
+    written: list[Path] = []
+    tables = []
+    for t in all_tables(a):
+        md = _write(folder / "tables" / f"{t.name}.md", render.to_markdown(t))
+        tex = _write(folder / "tables" / f"{t.name}.tex", render.to_latex(t))
+        written += [md, tex]
+        tables.append((t, [f"tables/{t.name}.md", f"tables/{t.name}.tex"]))
+
+    data = {
+        "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns if c.endswith("/accuracy_delta")]),
+        "skipped.csv": col.skipped_frame(),
+        "thresholds.csv": a.thresholds,
+        "pareto_points.csv": a.points,
+        "matched_per_seed.csv": a.matched_seed,
+        "matched_summary.csv": a.matched,
+        "paired.csv": a.paired,
+        "domains_per_seed.csv": a.domain_seed,
+        "answers_per_seed.csv": a.answers,
+    }
+    data_files = []
+    for name, df in data.items():
+        written.append(_csv(df, folder / "data" / name))
+        data_files.append(f"data/{name}")
+
+    rendered, missing = F.render_all(a, folder / "figures")
+    figures = []
+    for spec, paths in rendered:
+        written += paths
+        figures.append((spec, [f"figures/{p.name}" for p in paths]))
+
+    written.append(_write(folder / INDEX, _index(rep, command, tables, figures, missing, data_files)))
+    _clean_stale(folder, {p.resolve() for p in written})
+    rep.files = sorted(written, key=str)
+    return rep
+
+
+def compare_folders(expected: Path, actual: Path) -> list[str]:
+    """Differences between two report folders: files missing on either side or with different bytes."""
+    def files(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+    exp, act = files(expected), files(actual)
+    out = [f"only in {expected}: {p}" for p in sorted(exp - act)]
+    out += [f"only in the re-run: {p}" for p in sorted(act - exp)]
+    out += [f"differs: {p}" for p in sorted(exp & act) if not filecmp.cmp(expected / p, actual / p, shallow=False)]
+    return out
+
+
+def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
+    """Re-run the report into a temporary folder and list how it differs from the committed one in `out`."""
+    folder = Path(out)
+    if not (folder / INDEX).is_file():
+        return [f"{folder / INDEX} does not exist: nothing to check against"]
+    if kwargs.get("command") is None:
+        levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
+        kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", False),
+                                            kwargs.get("wandb_paths", ()))
+    tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
+    try:
+        write_report(dirs, tmp, **kwargs)
+        return compare_folders(folder, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

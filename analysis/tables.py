@@ -1,0 +1,338 @@
+"""The paper's tables, built from an `Analysis`: each a `render.Table`, written as Markdown and LaTeX.
+
+- main:      KL at the matched coding requirement, ATLAS and the baselines, every level
+- paired:    ATLAS against each other method at every level (paired over seeds)
+- ablations: the ATLAS variants at every level, and their paired difference to ATLAS
+- backbones: KL at the primary level, one column per backbone
+- domains:   each retained domain's KL at the primary level (each domain matched on its own KL)
+- answers:   answer-level stability of the primary-level choice (rewritten answers, flipped choices)
+- costs:     trainable parameters, stored bytes, train seconds, decode tokens/s
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pandas as pd
+
+from analysis import methods as M
+from analysis.analyze import Analysis, summary_of
+from analysis.matched import Level
+from analysis.render import (DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p)
+
+NOT_REACHED = "not reached"
+
+
+def group_label(backbone: str, benchmark: str) -> str:
+    return backbone if backbone == benchmark else f"{backbone} ({benchmark})"
+
+
+def _f(x) -> Optional[float]:
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def matched_cell(row: Optional[pd.Series]) -> Cell:
+    """`mean ± half-width` over the seeds reaching the level; `(k/n seeds)` when only some do (not bold);
+    `not reached (0/n seeds)` when none does."""
+    if row is None:
+        return Cell(DASH)
+    n, k = int(row["n_seeds"]), int(row["n_reached"])
+    if k == 0:
+        return Cell(f"{NOT_REACHED} (0/{n} seeds)" if n > 1 else NOT_REACHED)
+    lo, hi = _f(row["lo"]), _f(row["hi"])
+    half = None if lo is None else 0.5 * (hi - lo)
+    text = fmt_ci(_f(row["mean"]), half)
+    if k < n:
+        return Cell(f"{text} ({k}/{n} seeds)")
+    return Cell(text if n > 1 else f"{text} (1 seed)", _f(row["mean"]))
+
+
+def _level_notes(a: Analysis, levels: list[Level]) -> list[str]:
+    notes = []
+    for bb, bench in a.groups:
+        parts = []
+        for lv in levels:
+            c = a.threshold(bb, bench, lv)
+            parts.append(f"{lv.label}: pass@1 ≥ {fmt_num(c)}" if lv.kind == "gain" else lv.label.replace(">=", "≥"))
+        t = a.thresholds[(a.thresholds["backbone"] == bb) & (a.thresholds["benchmark"] == bench)]
+        gain = ""
+        if any(lv.kind == "gain" for lv in levels) and len(t):
+            gain = (f" (gain from {fmt_num(float(t['gain_lo'].iloc[0]))} to {fmt_num(float(t['gain_hi'].iloc[0]))})")
+        notes.append(f"Levels on {group_label(bb, bench)}{gain}: " + "; ".join(parts) + ".")
+    return notes
+
+
+def _kl_note(a: Analysis, what: str = "retained KL (token mean, averaged over retained domains)") -> str:
+    how = ("linearly interpolated along each seed's Pareto frontier to the level"
+           if a.interpolate else "least value among the method's sweep points meeting the level")
+    return (f"Cells: {what} at the matched coding requirement, {how}, per seed; mean ± half-width of the "
+            f"{int(a.confidence * 100)}% t-interval over seeds. (k/n seeds): only k of n seeds reach the level; "
+            "mean over those, not bold. Bold: lowest among methods reaching the level on every seed.")
+
+
+def _level_header(lv: Level) -> str:
+    return lv.label.replace(">=", "≥")
+
+
+def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool) -> Table:
+    table = Table(name, title, group_header="Backbone")
+    levels = a.levels
+    table.columns = ["Method", "Seeds", *[_level_header(lv) for lv in levels]]
+    if extra_primary_diff:
+        table.columns.append(f"Δ vs ATLAS ({_level_header(a.primary_level)})")
+    summ = a.matched
+    for bb, bench in a.groups:
+        present = summ[(summ["backbone"] == bb) & (summ["benchmark"] == bench)]
+        names = names_of(present["method"].unique())
+        for method in names:
+            rows_m = present[present["method"] == method]
+            n_seeds = int(rows_m["n_seeds"].max()) if len(rows_m) else 0
+            cells = [Cell(M.label(method)), Cell(str(n_seeds))]
+            for lv in levels:
+                r = rows_m[rows_m["level_spec"] == lv.spec]
+                cells.append(matched_cell(r.iloc[0] if len(r) else None))
+            if extra_primary_diff:
+                cells.append(_diff_cell(a, bb, bench, method, a.primary_level))
+            table.rows.append(cells)
+            table.groups.append(group_label(bb, bench))
+    for j in range(2, 2 + len(levels)):
+        table.best[j] = "min"
+    if not table.rows:
+        table.absent = absent
+        return table
+    table.notes = [_kl_note(a)] + _level_notes(a, levels)
+    return table
+
+
+def _diff_cell(a: Analysis, bb: str, bench: str, method: str, lv: Level) -> Cell:
+    if method == M.REFERENCE:
+        return Cell("")
+    p = a.paired
+    r = p[(p["backbone"] == bb) & (p["benchmark"] == bench) & (p["method"] == method) & (p["level_spec"] == lv.spec)]
+    if r.empty:
+        return Cell("n/a (no ATLAS runs)")
+    r = r.iloc[0]
+    if int(r["n_pairs"]) == 0:
+        return Cell("n/a (no seed where both reach)")
+    return Cell(f"{fmt_num(_f(r['mean_diff']))} {fmt_interval(_f(r['lo']), _f(r['hi']))}")
+
+
+def main_table(a: Analysis) -> Table:
+    return _matched_rows(
+        a, M.main_methods, "Retained KL at matched coding requirement: ATLAS and baselines", "main",
+        "No complete runs of ATLAS or of a baseline among the collected records.", False)
+
+
+def ablation_table(a: Analysis) -> Table:
+    def names(ms):
+        fam = M.ablation_methods(ms)
+        return fam if any(m != M.REFERENCE for m in fam) else []
+
+    t = _matched_rows(
+        a, names, "Ablations: ATLAS variants at matched coding requirement", "ablations",
+        "No complete runs of an ATLAS variant (" + ", ".join(M.ABLATIONS) + ") among the collected records.", True)
+    if t.absent is None:
+        t.notes.append("Δ vs ATLAS: mean paired difference KL(ATLAS) - KL(variant) over seeds where both reach the "
+                       "level, with its 95% t-interval; negative: ATLAS lower.")
+    return t
+
+
+def paired_table(a: Analysis) -> Table:
+    table = Table("paired", "Paired comparison of ATLAS against each method across seeds", group_header="Backbone")
+    table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI", "t", "p (paired t)", "ATLAS lower",
+                     "p (sign test)", "Unpaired"]
+    table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "l"]
+    p = a.paired
+    if a.matched_seed.empty or not (a.matched_seed["method"] == M.REFERENCE).any():
+        table.absent = "No complete ATLAS runs: there is nothing to compare the baselines against."
+        return table
+    if p.empty:
+        table.absent = "Only ATLAS runs were collected: there is no other method to compare against."
+        return table
+    for bb, bench in a.groups:
+        g = p[(p["backbone"] == bb) & (p["benchmark"] == bench)]
+        for method in M.ordered(g["method"]):
+            for lv in a.levels:
+                r = g[(g["method"] == method) & (g["level_spec"] == lv.spec)]
+                if r.empty:
+                    continue
+                r = r.iloc[0]
+                n = int(r["n_pairs"])
+                t = _f(r["t"])
+                t_text = "n/a" if t is None else ("inf" if math.isinf(t) and t > 0 else
+                                                  "-inf" if math.isinf(t) else f"{t:.2f}")
+                unpaired = []
+                if int(r["only_reference"]):
+                    unpaired.append(f"ATLAS only: {int(r['only_reference'])}")
+                if int(r["only_method"]):
+                    unpaired.append(f"{M.label(method)} only: {int(r['only_method'])}")
+                table.rows.append([
+                    Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
+                    Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"),
+                    Cell(fmt_interval(_f(r["lo"]), _f(r["hi"])) if n >= 2 else "n/a"),
+                    Cell(t_text if n >= 2 else "n/a"), Cell(fmt_p(_f(r["p_t"])) if n >= 2 else "n/a"),
+                    Cell(f"{int(r['wins'])}/{n}" if n else "n/a"),
+                    Cell(fmt_p(_f(r["p_sign"])) if n else "n/a"),
+                    Cell("; ".join(unpaired) if unpaired else ""),
+                ])
+                table.groups.append(group_label(bb, bench))
+    table.notes = [
+        "Δ = KL(ATLAS) - KL(method) per seed, over the seeds where both reach the level (negative: ATLAS keeps "
+        "retained outputs closer to the base). 95% CI: t-interval of the mean difference. p (paired t): two-sided "
+        "paired t-test, n - 1 degrees of freedom. ATLAS lower: seeds where ATLAS has the lower KL. p (sign test): "
+        "exact two-sided binomial sign test (ties dropped). n/a: fewer than two pairs. Unpaired: seeds where only "
+        "one of the two reaches the level.",
+        _kl_note(a).split(". (k/n")[0] + ".",
+    ] + _level_notes(a, a.levels)
+    return table
+
+
+def backbones_table(a: Analysis) -> Table:
+    lv = a.primary_level
+    table = Table("backbones", f"Retained KL at matched coding requirement ({_level_header(lv)}) across backbones")
+    summ = a.matched[a.matched["level_spec"] == lv.spec]
+    names = M.main_methods(summ["method"].unique()) + [m for m in M.ablation_methods(summ["method"].unique())
+                                                       if m != M.REFERENCE]
+    if not names:
+        table.absent = "No complete runs of a trained method among the collected records."
+        return table
+    table.columns = ["Method", *[group_label(bb, bench) for bb, bench in a.groups]]
+    for method in names:
+        cells = [Cell(M.label(method))]
+        for bb, bench in a.groups:
+            r = summ[(summ["backbone"] == bb) & (summ["benchmark"] == bench) & (summ["method"] == method)]
+            cells.append(matched_cell(r.iloc[0]) if len(r) else Cell(DASH))
+        table.rows.append(cells)
+    for j in range(1, 1 + len(a.groups)):
+        table.best[j] = "min"
+    table.notes = [_kl_note(a), "—: no runs of the method on that backbone."] + _level_notes(a, [lv])
+    return table
+
+
+def domains_table(a: Analysis) -> Table:
+    lv = a.primary_level
+    table = Table("domains", f"Retained KL per domain at matched coding requirement ({_level_header(lv)})",
+                  group_header="Backbone")
+    if not a.domains:
+        table.absent = "The collected records carry no per-domain retained metrics."
+        return table
+    table.columns = ["Method", *a.domains, "mean"]
+    dm = a.domain_matched
+    mean = a.matched[a.matched["level_spec"] == lv.spec]
+    for bb, bench in a.groups:
+        present = mean[(mean["backbone"] == bb) & (mean["benchmark"] == bench)]
+        for method in [m for m in M.ordered(present["method"]) if m != M.BASE]:
+            cells = [Cell(M.label(method))]
+            for dom in a.domains:
+                r = dm[(dm["domain"] == dom) & (dm["backbone"] == bb) & (dm["benchmark"] == bench) & (dm["method"] == method)]
+                cells.append(matched_cell(r.iloc[0]) if len(r) else Cell(DASH))
+            r = present[present["method"] == method]
+            cells.append(matched_cell(r.iloc[0]) if len(r) else Cell(DASH))
+            table.rows.append(cells)
+            table.groups.append(group_label(bb, bench))
+    if not table.rows:
+        table.absent = "No complete runs of a trained method among the collected records."
+        return table
+    for j in range(1, 2 + len(a.domains)):
+        table.best[j] = "min"
+    table.notes = [_kl_note(a, "each domain's retained KL (token mean), matched on that domain's own frontier"),
+                   "mean: the KL averaged over domains, as in the main table."] + _level_notes(a, [lv])
+    return table
+
+
+def answers_table(a: Analysis) -> Table:
+    lv = a.primary_level
+    table = Table("answers", f"Answer-level stability at matched coding requirement ({_level_header(lv)})",
+                  group_header="Backbone")
+    if not a.answer_cols:
+        table.absent = "The collected records carry no answer-level metrics (answer_change_rate, choice_flip_rate)."
+        return table
+    table.columns = ["Method", *[label for _, label, _, _ in a.answer_cols]]
+    ans = a.answers
+    for bb, bench in a.groups:
+        g = ans[(ans["backbone"] == bb) & (ans["benchmark"] == bench)]
+        for method in [m for m in M.ordered(g["method"]) if m != M.BASE]:
+            gm = g[g["method"] == method]
+            reached = gm[gm["reached"]]
+            cells = [Cell(M.label(method))]
+            for col, _, _, _ in a.answer_cols:
+                if reached.empty:
+                    cells.append(Cell(NOT_REACHED))
+                    continue
+                s = summary_of(reached[col], a.confidence)
+                if s is None:
+                    cells.append(Cell(DASH))
+                    continue
+                mean, half, n = s
+                text = fmt_ci(100 * mean, None if half is None else 100 * half)
+                if len(reached) < len(gm):
+                    cells.append(Cell(f"{text} ({len(reached)}/{len(gm)} seeds)"))
+                else:
+                    cells.append(Cell(text, 100 * mean))
+            table.rows.append(cells)
+            table.groups.append(group_label(bb, bench))
+    if not table.rows:
+        table.absent = "No complete runs of a trained method among the collected records."
+        return table
+    for j, (_, _, better, _) in enumerate(a.answer_cols, start=1):
+        table.best[j] = better
+    table.notes = [
+        "Per seed, the sweep point the matched requirement picks (least mean retained KL among points meeting the "
+        "level, no interpolation); answers changed: share of math prompts whose extracted final answer differs "
+        "from the base model's; choices flipped: share of multiple-choice items whose highest-likelihood choice "
+        "differs; Δ accuracy: adapted - base accuracy against gold, percentage points. Mean ± half-width of the "
+        f"{int(a.confidence * 100)}% t-interval over seeds. Bold: best among methods reaching the level on every seed.",
+    ] + _level_notes(a, [lv])
+    return table
+
+
+COSTS = (
+    ("cost/trainable_params", "Trainable params", "min", fmt_count),
+    ("cost/stored_bytes", "Stored", "min", fmt_bytes),
+    ("cost/train_seconds", "Train (s)", "min", lambda x: fmt_num(x, 3)),
+    ("cost/decode_tokens_per_s", "Decode (tokens/s)", "max", lambda x: fmt_num(x, 3)),
+)
+
+
+def costs_table(a: Analysis) -> Table:
+    table = Table("costs", "Costs per method", group_header="Backbone")
+    runs = a.runs
+    present = [c for c in COSTS if c[0] in runs.columns and runs[c[0]].notna().any()]
+    if runs.empty or not present:
+        table.absent = ("The collected records carry no cost fields (trainable_params, stored_bytes, "
+                        "train_seconds, decode_tokens_per_s).")
+        return table
+    table.columns = ["Method", "Runs", *[c[1] for c in present]]
+    for bb, bench in a.groups:
+        g = runs[(runs["backbone"] == bb) & (runs["benchmark"] == bench)]
+        for method in [m for m in M.ordered(g["method"]) if m != M.BASE]:
+            gm = g[g["method"] == method]
+            cells = [Cell(M.label(method)), Cell(str(len(gm)))]
+            for col, _, _, fmt in present:
+                v = pd.to_numeric(gm[col], errors="coerce").dropna()
+                cells.append(Cell(fmt(float(v.mean())), float(v.mean())) if len(v) else Cell(DASH))
+            table.rows.append(cells)
+            table.groups.append(group_label(bb, bench))
+    if not table.rows:
+        table.absent = "No complete runs of a trained method among the collected records."
+        return table
+    for j, (_, _, better, _) in enumerate(present, start=2):
+        table.best[j] = better
+    table.notes = ["Mean over all complete runs of the method on that backbone (every sweep point and seed). "
+                   "Stored: bytes the method saves on top of the backbone. Decode: generated tokens per second "
+                   "during evaluation. Bold: best per column (fewest params, bytes and seconds; most tokens/s)."]
+    return table
+
+
+BUILDERS = (main_table, paired_table, ablation_table, backbones_table, domains_table, answers_table, costs_table)
+
+
+def all_tables(a: Analysis) -> list[Table]:
+    return [build(a) for build in BUILDERS]
