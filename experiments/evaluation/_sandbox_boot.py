@@ -11,7 +11,7 @@ program source (UTF-8). The bootstrap reports on a separate pipe (``cfg['status_
 one tab-separated line per event, each starting with a per-run nonce that only the parent and
 this process know (it never appears in a file, argv or the environment):
 
-    <nonce> ready   <comma-separated mount points that could not be made read-only>
+    <nonce> ready                                 set-up done, the program starts
     <nonce> done                                  the program ran to its end
     <nonce> error   <kind> <exception type> <one-line reason>
     <nonce> setup   <one-line reason>             the sandbox could not be set up
@@ -149,7 +149,8 @@ def _setup_mounts(libc, cfg):
             os.makedirs(path, mode=0o755, exist_ok=True)
             libc.mount("/proc/self/fd/%d" % fd, path, None, MS_BIND | MS_REC)
             os.close(fd)
-    writable = []
+    # A mount that refuses the remount stays writable; the parent's probe program lists such
+    # mounts (isolation_report()['probe']['mounts_left_writable']).
     keep_writable = ("/tmp", "/dev/shm", "/proc")
     for point, options in list(_mounts()):
         if point in keep_writable or point.startswith("/proc/") or point.startswith("/tmp/"):
@@ -164,8 +165,7 @@ def _setup_mounts(libc, cfg):
         try:
             libc.mount(None, point, None, flags)
         except OSError:
-            writable.append(point)
-    return writable
+            pass
 
 
 def _set_limits(cfg):
@@ -295,8 +295,8 @@ def main():
         if cfg["setsid"]:
             os.setsid()
         libc = _Libc()
-        writable = _setup_mounts(libc, cfg) if cfg["mount"] else []
         if cfg["mount"]:
+            _setup_mounts(libc, cfg)
             os.makedirs(workdir, mode=0o700, exist_ok=True)
         with open(program_path, "w", encoding="utf-8") as fh:
             fh.write(source)
@@ -334,7 +334,7 @@ def main():
     sys.path[:] = [p for p in sys.path if p] + list(cfg["site_dirs"])
     sys.dont_write_bytecode = True
     sys.argv[:] = [program_path]
-    status.send("ready", ",".join(writable))
+    status.send("ready")
 
     module = type(sys)("__main__")
     module.__file__ = program_path

@@ -258,6 +258,15 @@ except OSError as exc:
 facts["writable"] = sorted(p for p in CANDIDATES if os.access(p, os.W_OK))
 facts["workdir_writable"] = os.access(os.getcwd(), os.W_OK)
 facts["home"] = os.environ.get("HOME")
+visible = {}  # mount point -> options of the topmost mount there (later lines stack on top)
+with open("/proc/self/mountinfo") as fh:
+    for line in fh:
+        fields = line.split()
+        visible[fields[4]] = fields[5].split(",")
+facts["mounts_left_writable"] = sorted(
+    point for point, options in visible.items()
+    if "rw" in options and point not in ("/tmp", "/dev/shm", "/proc") and not point.startswith(("/proc/", "/tmp/"))
+)
 print(json.dumps(facts))
 """
 

@@ -432,6 +432,8 @@ def test_isolation_report_is_consistent(report):
         assert report["network_namespace"] and report["pid_namespace"] and report["mount_namespace"]
         assert report["probe"]["ppid"] == 1 and report["probe"]["interfaces"] == ["lo"]
         assert report["probe"]["cwd"] == "/tmp/sandbox"
+    if report["mode"] in ("namespaces", "userns"):
+        assert report["probe"]["mounts_left_writable"] == []
     if report["mode"] == "namespaces":
         assert report["uid_inside"] != 0 and report["filesystem_protected"] and report["network_isolated"]
     copy = isolation_report()
