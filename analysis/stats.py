@@ -143,8 +143,8 @@ def sign_test(wins: int, losses: int) -> Optional[float]:
 def paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Paired:
     """Paired t-test of a - b (two-sided) with its t-interval, plus win/loss counts and the sign test.
 
-    n < 2: mean difference only (interval, t and p are None). All differences equal and non-zero:
-    t = +/-inf, p = 0; all differences zero: t and p are None (no evidence either way).
+    n < 2: mean difference only (interval, t and p are None). All differences equal (up to float
+    rounding) and non-zero: t = +/-inf, p = 0; all zero: t and p are None (no evidence either way).
     """
     if len(a) != len(b):
         raise ValueError(f"paired needs equal lengths, got {len(a)} and {len(b)}")
@@ -158,7 +158,8 @@ def paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> 
     s = summarize(diffs, confidence)
     if n < 2:
         return Paired(n, s.mean, None, None, None, None, wins, losses, p_sign)
-    if s.std == 0.0:
+    # Differences equal up to float rounding (e.g. 0.1 - 0.3 vs 0.2 - 0.4) count as constant.
+    if s.std <= 1e-12 * abs(s.mean) or s.std == 0.0:
         if s.mean == 0.0:
             return Paired(n, 0.0, 0.0, 0.0, None, None, wins, losses, p_sign)
         return Paired(n, s.mean, s.lo, s.hi, math.copysign(math.inf, s.mean), 0.0, wins, losses, p_sign)

@@ -1,0 +1,170 @@
+"""Frontiers, sweep-point intervals, KL at a matched coding requirement, and the paired comparison, on
+synthetic records with answers worked out by hand."""
+
+import math
+
+import pandas as pd
+import pytest
+from analysis_synth import record, sweep
+
+from analysis import schema
+from analysis.collect import make_table
+from analysis.matched import (compare, gain_range, parse_level, parse_levels, per_seed_matched, summarize_matched,
+                              threshold)
+from analysis.pareto import domains, frontier, frontier_mask, sweep_points
+
+T975 = {1: 12.706204736, 2: 4.302652730}
+
+
+def table(records):
+    return make_table(schema.to_row(r, f"src/{i}") for i, r in enumerate(records))
+
+
+def test_frontier_mask_known_points():
+    x = [0.1, 0.2, 0.3, 0.25, 0.3, 0.15, 0.2]
+    y = [0.01, 0.02, 0.05, 0.04, 0.06, 0.03, 0.02]
+    # (0.3, 0.06): same x, higher y; (0.15, 0.03): beaten by (0.2, 0.02); last: duplicate of index 1.
+    assert frontier_mask(x, y) == [True, True, True, True, False, False, False]
+    assert frontier_mask([], []) == []
+
+
+def test_sweep_points_means_intervals_and_frontier():
+    recs = sweep("lora", [(100, [(0.2, 0.01), (0.4, 0.03)]),            # 2 seeds
+                          (300, [(0.1, 0.05), (0.2, 0.06), (0.3, 0.07)]),  # dominated by steps=100
+                          (900, [(0.5, 0.10)])])                           # 1 seed
+    recs += sweep("atlas", [(300, [(0.1, 0.2), (0.1, 0.2)])])
+    pts = sweep_points(table(recs), schema.KL_MEAN_COL)
+    lora = pts[pts["method"] == "lora"].set_index("knob/train.steps")
+    p100, p300, p900 = lora.loc[100], lora.loc[300], lora.loc[900]
+    assert (p100["n_seeds"], p100["seeds"]) == (2, "0,1")
+    assert p100["x_mean"] == pytest.approx(0.3) and p100["y_mean"] == pytest.approx(0.02)
+    # t(0.975, 1) * sd / sqrt(2), sd of (0.2, 0.4) = 0.1414
+    assert p100["x_hi"] - p100["x_lo"] == pytest.approx(2 * T975[1] * 0.1, abs=1e-9)
+    assert p300["x_hi"] - p300["x_mean"] == pytest.approx(T975[2] * 0.1 / math.sqrt(3), abs=1e-9)
+    assert p300["y_std"] == pytest.approx(0.01)
+    assert math.isnan(p900["x_lo"]) and math.isnan(p900["y_std"]) and p900["n_seeds"] == 1
+    assert (p100["on_frontier"], p300["on_frontier"], p900["on_frontier"]) == (True, False, True)
+    # Each method has its own frontier: the ATLAS point is dominated by LoRA's points but on its own frontier.
+    atlas = pts[pts["method"] == "atlas"].iloc[0]
+    assert atlas["on_frontier"] and atlas["x_lo"] == atlas["x_hi"] == pytest.approx(0.1)
+    front = frontier(pts)
+    assert list(front[front["method"] == "lora"]["knob/train.steps"]) == [100, 900]
+
+
+def test_domain_frontiers_use_each_domains_kl():
+    recs = [record("lora", 0, 0.3, {"math": 0.01, "commonsense": 0.5}, steps=100),
+            record("lora", 0, 0.3, {"math": 0.05, "commonsense": 0.1}, steps=200)]
+    df = table(recs)
+    assert domains(df) == ["math", "commonsense"]
+    math_pts = sweep_points(df, "retained/math/kl_token_mean").set_index("knob/train.steps")
+    cs_pts = sweep_points(df, "retained/commonsense/kl_token_mean").set_index("knob/train.steps")
+    assert list(math_pts["on_frontier"]) == [True, False]
+    assert list(cs_pts["on_frontier"]) == [False, True]
+
+
+def test_parse_levels():
+    assert parse_level("0.3").kind == "abs" and parse_level("0.3").value == 0.3
+    lv = parse_level("gain:0.75")
+    assert (lv.kind, lv.value, lv.label) == ("gain", 0.75, "75% of gain")
+    assert [x.spec for x in parse_levels(["0.3,0.4", "gain:0.5", "0.3"])] == ["0.3", "0.4", "gain:0.5"]
+    for bad in ("foo:0.3", "1.5", "x", "gain:-0.1"):
+        with pytest.raises(ValueError):
+            parse_level(bad)
+    with pytest.raises(ValueError):
+        parse_levels([])
+
+
+# Per seed (pass@1, KL) of each sweep point:
+#            steps=100        steps=300       steps=900
+# seed 0:  (0.20, 0.010)   (0.30, 0.020)   (0.40, 0.050)
+# seed 1:  (0.22, 0.012)   (0.28, 0.018)   (0.35, 0.040)
+# seed 2:  (0.18, 0.011)   (0.33, 0.030)   (0.38, 0.070)
+ATLAS = [(100, [(0.20, 0.010), (0.22, 0.012), (0.18, 0.011)]),
+         (300, [(0.30, 0.020), (0.28, 0.018), (0.33, 0.030)]),
+         (900, [(0.40, 0.050), (0.35, 0.040), (0.38, 0.070)])]
+LORA = [(100, [(0.25, 0.030), (0.24, 0.035), (0.26, 0.040)]),
+        (900, [(0.45, 0.100), (0.41, 0.080), (0.43, 0.120)])]
+
+
+@pytest.fixture(scope="module")
+def sweep_table():
+    recs = sweep("atlas", ATLAS) + sweep("lora", LORA)
+    recs += [record("base", s, 0.05, {"math": 0.0, "commonsense": 0.0}) for s in range(3)]
+    return table(recs)
+
+
+def test_matched_least_kl_per_seed_and_not_reached(sweep_table):
+    levels = parse_levels(["0.3", "0.39", "0.5"])
+    ps = per_seed_matched(sweep_table, levels, methods=["atlas", "lora"])
+    a = ps[ps["method"] == "atlas"].set_index(["level_spec", "seed"])
+    # pass@1 >= 0.3: seed 0 -> steps 300 (0.020), seed 1 -> steps 900 (0.040), seed 2 -> steps 300 (0.030)
+    assert [a.loc[("0.3", s), "kl"] for s in range(3)] == pytest.approx([0.020, 0.040, 0.030])
+    assert [a.loc[("0.3", s), "pass@1"] for s in range(3)] == pytest.approx([0.30, 0.35, 0.33])
+    # pass@1 >= 0.39: only seed 0 reaches (0.40); seeds 1 and 2 top out at 0.35 and 0.38.
+    assert list(a.xs("0.39")["reached"]) == [True, False, False]
+    assert math.isnan(a.loc[("0.39", 1), "kl"])
+    assert not a.xs("0.5")["reached"].any()
+    summ = summarize_matched(ps).set_index(["method", "level_spec"])
+    s = summ.loc[("atlas", "0.3")]
+    assert (s["status"], s["n_seeds"], s["n_reached"]) == ("reached", 3, 3)
+    assert s["mean"] == pytest.approx(0.03) and s["std"] == pytest.approx(0.01)
+    assert s["hi"] - s["mean"] == pytest.approx(T975[2] * 0.01 / math.sqrt(3), abs=1e-9)
+    part = summ.loc[("atlas", "0.39")]
+    assert (part["status"], part["n_reached"], part["mean"]) == ("partial", 1, pytest.approx(0.05))
+    assert math.isnan(part["lo"]) and math.isnan(part["std"])
+    none = summ.loc[("atlas", "0.5")]
+    assert none["status"] == "not reached" and none["n_reached"] == 0 and math.isnan(none["mean"])
+    assert summ.loc[("lora", "0.39"), "mean"] == pytest.approx(0.1)
+
+
+def test_interpolation_along_each_seeds_frontier(sweep_table):
+    ps = per_seed_matched(sweep_table, parse_levels(["0.25", "0.3", "0.15", "0.39"]), interpolate=True,
+                          methods=["atlas"]).set_index(["level_spec", "seed"])
+    # seed 0 frontier: (0.20, 0.010) (0.30, 0.020) (0.40, 0.050)
+    assert ps.loc[("0.25", 0), "kl"] == pytest.approx(0.015)   # halfway between the first two
+    assert ps.loc[("0.3", 0), "kl"] == pytest.approx(0.020)    # exactly on a point
+    assert ps.loc[("0.15", 0), "kl"] == pytest.approx(0.010)   # below the frontier: its lowest KL
+    assert ps.loc[("0.39", 0), "kl"] == pytest.approx(0.020 + 0.9 * 0.030)
+    assert not ps.loc[("0.39", 1), "reached"]                  # above seed 1's best pass@1: no extrapolation
+    # seed 1 frontier: (0.22, 0.012) (0.28, 0.018) (0.35, 0.040); 0.3 lies 2/7 of the way from 0.28 to 0.35
+    assert ps.loc[("0.3", 1), "kl"] == pytest.approx(0.018 + 2 / 7 * 0.022)
+    assert ps.loc[("0.3", 1), "interpolated"] and not ps.loc[("0.3", 0), "interpolated"]
+    plain = per_seed_matched(sweep_table, parse_levels(["0.3"]), methods=["atlas"]).set_index("seed")
+    assert plain.loc[1, "kl"] == pytest.approx(0.040)
+    assert ps.loc[("0.3", 1), "kl"] < plain.loc[1, "kl"]
+
+
+def test_gain_levels(sweep_table):
+    lo, hi = gain_range(sweep_table, "micro", "micro")
+    # base mean 0.05; best sweep-point mean: LoRA steps 900, (0.45 + 0.41 + 0.43) / 3 = 0.43
+    assert (lo, hi) == (pytest.approx(0.05), pytest.approx(0.43))
+    assert threshold(parse_level("gain:0.5"), sweep_table, "micro", "micro") == pytest.approx(0.24)
+    assert threshold(parse_level("0.33"), sweep_table, "micro", "micro") == 0.33
+    no_base = sweep_table[sweep_table["method"] != "base"]
+    assert gain_range(no_base, "micro", "micro") == (0.0, pytest.approx(0.43))
+    # gain:1 is the best point's own mean: that point meets it despite float rounding.
+    ps = per_seed_matched(no_base, [parse_level("gain:1")], methods=["lora"])
+    assert ps["reached"].sum() == 2   # seeds 0 (0.45) and 2 (0.43); seed 1 has 0.41
+
+
+def test_paired_comparison_over_seeds(sweep_table):
+    ps = per_seed_matched(sweep_table, parse_levels(["0.3", "0.39", "0.42"]), methods=["atlas", "lora"])
+    cmp = compare(ps, "atlas").set_index(["method", "level_spec"])
+    r = cmp.loc[("lora", "0.3")]
+    # lora at >= 0.3: steps 900 for every seed, KL 0.100 / 0.080 / 0.120; atlas 0.020 / 0.040 / 0.030
+    diffs = [0.020 - 0.100, 0.040 - 0.080, 0.030 - 0.120]
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    t = mean / (sd / math.sqrt(3))
+    assert r["n_pairs"] == 3 and r["mean_diff"] == pytest.approx(mean)
+    assert r["t"] == pytest.approx(t)
+    assert r["p_t"] == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t), abs=1e-10)   # df = 2 closed form
+    assert r["hi"] - r["mean_diff"] == pytest.approx(T975[2] * sd / math.sqrt(3), abs=1e-9)
+    assert (r["wins"], r["losses"], r["p_sign"]) == (3, 0, 0.25)
+    one = cmp.loc[("lora", "0.39")]   # atlas: seed 0 only; lora: every seed
+    assert one["n_pairs"] == 1 and one["mean_diff"] == pytest.approx(0.05 - 0.1)
+    assert math.isnan(one["t"]) and math.isnan(one["p_t"]) and math.isnan(one["lo"])
+    assert (one["only_reference"], one["only_method"]) == (0, 2)
+    none = cmp.loc[("lora", "0.42")]  # atlas never reaches 0.42
+    assert none["n_pairs"] == 0 and math.isnan(none["mean_diff"]) and none["only_method"] == 2
+    assert compare(ps[ps["method"] == "lora"], "atlas").empty
