@@ -47,9 +47,14 @@ SUBSPACE_FILE = "inflora_subspaces.safetensors"
 
 
 def complement_down_projection(retained: torch.Tensor, target: torch.Tensor, epsilon: float, rank: int,
-                               rel_tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+                               rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
     """(A [rank, d], M [d, m]): M covers `epsilon` of the retained second moment's energy; A's rows are the
-    top right singular vectors of target (I - M M^T), zero rows where the complement has no target energy."""
+    top right singular vectors of target (I - M M^T).
+
+    A direction is kept only if it is a real one: its singular value exceeds `rel_tol` times the
+    largest, it is among the first d - m (the complement's dimension), and re-projecting it onto the
+    complement keeps its norm (a rounding-noise direction would not). The other rows are zero.
+    """
     d = retained.shape[1]
     m = second_moment_basis(retained.float(), epsilon)
     projected = target.float() - (target.float() @ m) @ m.T
@@ -57,11 +62,14 @@ def complement_down_projection(retained: torch.Tensor, target: torch.Tensor, eps
     if projected.shape[0] == 0:
         return a, m
     _, s, vh = torch.linalg.svd(projected, full_matrices=False)
-    keep = int((s > rel_tol * s.max().clamp_min(1e-30)).sum()) if s.numel() and s.max() > 0 else 0
-    keep = min(keep, rank)
+    if not s.numel() or s.max() <= 0:
+        return a, m
+    keep = min(int((s > rel_tol * s.max()).sum()), rank, d - m.shape[1])
     rows = vh[:keep]
     rows = rows - (rows @ m) @ m.T  # exactly in the complement (removes rounding leakage into M)
-    a[:keep] = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    real = rows.norm(dim=1) > 0.5
+    rows = rows[real]
+    a[: len(rows)] = rows / rows.norm(dim=1, keepdim=True)
     return a, m
 
 
