@@ -1,6 +1,7 @@
 """Figures at paper column width (3.3 in, fonts 7 pt and up), PNG and PDF, byte-identical on a re-run.
 
-- pareto_<backbone>_<domain>: pass@1 against retained KL, one colour and marker per method;
+- pareto_<backbone>_<domain>: pass@1 against retained KL of ATLAS and the baselines (and
+  pareto_ablation_<backbone>_mean: of ATLAS and its variants), one colour and marker per method;
   sweep-point means with 95% t-intervals over seeds (both axes), each method's frontier as a line
   (frontier points filled, dominated points hollow), post-hoc scales of one training run joined by
   a dotted line, the base model as a star, the requirement levels as dotted horizontal lines.
@@ -83,6 +84,12 @@ def _status_handles() -> list:
             Line2D([], [], linestyle="none", marker="$n.r.$", markersize=9, color="0.3", label="not reached")]
 
 
+def _legend_ncol(labels: list[str], most: int = 3) -> int:
+    """Legend columns that fit the figure width: about 0.055 in per character at 7 pt plus the handle."""
+    width = 0.36 + 0.058 * max((len(x) for x in labels), default=1)
+    return max(1, min(most, int((WIDTH_IN - 0.1) // width)))
+
+
 def _legend_rows(n: int, ncol: int) -> int:
     return max(1, math.ceil(n / ncol))
 
@@ -93,14 +100,20 @@ def _method_handle(method: str, line: bool = True) -> Line2D:
                   markersize=5 if method == M.BASE else 4, label=M.label(method))
 
 
-def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str) -> Optional[Figure]:
-    """pass@1 (y, higher better) against retained KL (x, lower better) of every method on one backbone."""
+def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, family: str = "main") -> Optional[Figure]:
+    """pass@1 (y, higher better) against retained KL (x, lower better) on one backbone: ATLAS, the baselines
+    and other methods (`family="main"`), or ATLAS and its variants (`family="ablation"`); the base model in both."""
     pts = a.points[(a.points["domain"] == domain) & (a.points["backbone"] == backbone)
                    & (a.points["benchmark"] == benchmark)]
-    if pts.empty:
+    present = pts["method"].unique()
+    chosen = M.main_methods(present) if family == "main" else M.ablation_methods(present)
+    if family == "ablation" and not any(m != M.REFERENCE for m in chosen):
         return None
-    methods = M.ordered(pts["method"])
-    ncol = 3
+    if not chosen:
+        return None
+    methods = chosen + ([M.BASE] if M.BASE in present else [])
+    pts = pts[pts["method"].isin(methods)]
+    ncol = _legend_ncol([M.label(m) for m in methods])
     rows = _legend_rows(len(methods), ncol)
     fig = Figure(figsize=(WIDTH_IN, 2.35 + 0.17 * rows), layout="constrained")
     ax = fig.add_subplot()
@@ -138,7 +151,7 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str) -> Op
         ax.text(1.01, c, _level_short(lv), transform=right, fontsize=FONT_PT, color="0.4", va="center", ha="left")
     ax.set_xlabel(f"Retained KL, {domain_label(domain)} (lower is better)")
     ax.set_ylabel("Coding pass@1 (higher is better)")
-    ax.set_title(f"{group_label(backbone, benchmark)}", loc="left")
+    ax.set_title(group_label(backbone, benchmark) + (": ATLAS variants" if family == "ablation" else ""), loc="left")
     ax.grid(True, linewidth=0.3, color="0.88")
     ax.set_axisbelow(True)
     ax.margins(x=0.06, y=0.08)
@@ -245,7 +258,11 @@ def all_figures(a: Analysis) -> tuple[list[FigureSpec], list[str]]:
             fig = pareto_figure(a, bb, bench, dom)
             if fig is not None:
                 out.append(FigureSpec(f"pareto_{gs}_{slug(dom)}", f"Pareto: pass@1 against retained KL "
-                                      f"({domain_label(dom)}) on {name}", fig))
+                                      f"({domain_label(dom)}) on {name}, ATLAS and baselines", fig))
+        fig = pareto_figure(a, bb, bench, "mean", family="ablation")
+        if fig is not None:
+            out.append(FigureSpec(f"pareto_ablation_{gs}_mean", f"Pareto of ATLAS and its variants (mean over "
+                                  f"retained domains) on {name}", fig))
         fig = answers_figure(a, bb, bench)
         if fig is not None:
             out.append(FigureSpec(f"answers_{gs}", f"Answer-level rates at the primary level on {name}", fig))

@@ -56,9 +56,8 @@ STYLES = {
     "atlas_random": Style("#ff8a65", "8"),
     "base": Style("#000000", "*"),
 }
-# Styles for names not listed above, picked by a hash of the name.
-EXTRA_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1",
-                "#636363", "#e6550d", "#9c9ede", "#cedb9c", "#e7969c", "#de9ed6", "#6baed6", "#fd8d3c")
+# Styles for names not listed above, picked by a hash of the name (hues kept apart from the known ones).
+EXTRA_COLORS = ("#393b79", "#637939", "#7b4173", "#e7969c", "#9c9ede", "#5254a3", "#b5cf6b", "#00695c")
 EXTRA_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">", "p", "d")
 
 

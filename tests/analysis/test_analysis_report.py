@@ -1,0 +1,168 @@
+"""The report end to end on synthetic records written to disk, broken ones included; its determinism;
+the command line; and that analysis imports nothing from the training packages."""
+
+import ast
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from analysis_synth import record, scenario, write
+
+from analysis.cli import main
+from analysis.figures import DPI, WIDTH_IN
+from analysis.report import check_report, write_report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write_runs(root: Path) -> None:
+    for rec in scenario():
+        if rec["backbone"] == "micro":
+            write(root / "multirun" / "2026-01-01" / "10-00-00", rec)
+    failed = record("lora", 7, 0.3, status="failed")
+    failed["error"] = {"type": "RuntimeError", "message": "CUDA out of memory | while training", "traceback": "..."}
+    write(root, failed)
+    interrupted = record("atlas", 8, 0.3, status="interrupted")
+    interrupted["interrupted"] = {"step": 50, "reason": "SIGUSR2"}
+    write(root, interrupted)
+    write(root, None, "truncated", text='{"schema_version": 1, "run_id": "x", "stat')
+    wrong = record("ewc", 9, 0.3)
+    wrong["metrics"]["retained"]["math"]["kl_token_mean"] = "0.1"
+    write(root, wrong)
+    (root / "fedcba9876543210" / ".hydra").mkdir(parents=True)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("records")
+    _write_runs(root)
+    out = root / "report"
+    rep = write_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"])
+    return root, out, rep
+
+
+def test_report_writes_every_table_figure_and_index(report):
+    root, out, rep = report
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(out)) for p in rep.files)
+    for name in ("main", "paired", "ablations", "backbones", "domains", "answers", "costs"):
+        assert f"tables/{name}.md" in files and f"tables/{name}.tex" in files
+    for stem in ("pareto_micro_mean", "pareto_micro_math", "pareto_micro_commonsense", "pareto_ablation_micro_mean",
+                 "answers_micro", "ablation_micro"):
+        assert f"figures/{stem}.png" in files and f"figures/{stem}.pdf" in files
+    index = (out / "index.md").read_text()
+    for f in files:
+        if f != "index.md":
+            assert f"]({f})" in index, f
+    assert f"python -m analysis report {root} --out {out} --levels gain:0.5 gain:0.75 0.33" in index
+    assert "- Complete runs used: 27" in index
+    assert "(failed: 1, interrupted: 1, malformed: 2, no record: 1)" in index
+    assert "RuntimeError: CUDA out of memory \\| while training" in index
+    assert "interrupted at step 50: SIGUSR2" in index
+    assert "'metrics.retained.math.kl_token_mean' is string" in index
+    assert "unparseable JSON" in index and "fedcba9876543210" in index
+    assert "| micro | micro | atlas | 9 | 3 | 0,1,2 |" in index
+    assert "| micro | micro | 75% of gain | 0.3100 |" in index
+
+
+def test_report_tables_hold_the_known_values(report):
+    _, out, _ = report
+    main_md = (out / "tables" / "main.md").read_text()
+    # pass@1 >= 0.33: ATLAS seeds reach at steps 900 only (0.35, 0.36, 0.34): KL 0.050, 0.052, 0.055.
+    assert "**0.0523 ± 0.0063** |" in main_md
+    assert "| EWC | 3 | 0.0413 ± 0.0038 | not reached (0/3 seeds) | not reached (0/3 seeds) |" in main_md
+    assert "Levels on micro (gain from 0.100 to 0.380)" in main_md
+    assert r"\toprule" in (out / "tables" / "main.tex").read_text()
+    points = (out / "data" / "pareto_points.csv").read_text().splitlines()
+    assert points[0].startswith("domain,backbone,benchmark,method,sweep_key")
+    assert len(points) == 1 + 3 * 9   # 9 sweep points (base, atlas x3, lora x3, ewc, atlas_nogate) x 3 domains
+
+
+def test_report_files_are_deterministic_and_checkable(report):
+    root, out, rep = report
+    for png in sorted((out / "figures").glob("*.png")):
+        head = png.read_bytes()
+        w, h = struct.unpack(">II", head[16:24])
+        assert w == round(WIDTH_IN * DPI) and 0.5 * w < h < 1.6 * w, png.name
+        assert b"tIME" not in head and b"Software" not in head
+    for pdf in sorted((out / "figures").glob("*.pdf")):
+        data = pdf.read_bytes()
+        box = re.search(rb"/MediaBox \[\s*0 0 ([0-9.]+) ([0-9.]+)", data)
+        assert float(box.group(1)) == pytest.approx(WIDTH_IN * 72, abs=0.5), pdf.name
+        assert b"CreationDate" not in data and b"ModDate" not in data
+    # A re-run gives the same bytes for every file: the only differences are the two planted here.
+    kwargs = dict(levels=["gain:0.5", "gain:0.75", "0.33"])
+    original = (out / "tables" / "main.md").read_text()
+    (out / "tables" / "main.md").write_text("edited\n")
+    (out / "figures" / "stale.png").write_bytes(b"old")
+    assert check_report([str(root)], out, **kwargs) == [f"only in {out}: figures/stale.png", "differs: tables/main.md"]
+    # Re-writing restores the report and removes files of the report's own kinds that it did not write.
+    args = ["report", str(root), "--out", str(out), "--levels", "gain:0.5", "gain:0.75", "0.33", "--no-progress"]
+    assert main(args) == 0
+    assert (out / "tables" / "main.md").read_text() == original
+    assert not (out / "figures" / "stale.png").exists()
+
+
+def test_report_without_complete_runs_does_not_crash(tmp_path):
+    failed = record("lora", 0, 0.3, status="failed")
+    failed["error"] = {"type": "ValueError", "message": "bad config"}
+    write(tmp_path / "runs", failed)
+    write(tmp_path / "runs", None, "broken", text="not json")
+    rep = write_report([str(tmp_path / "runs")], tmp_path / "out")
+    index = (tmp_path / "out" / "index.md").read_text()
+    assert "- Complete runs used: 0" in index and "ValueError: bad config" in index
+    assert "no complete runs: no figure can be drawn" in index
+    assert not list((tmp_path / "out" / "figures").glob("*")) if (tmp_path / "out" / "figures").exists() else True
+    main_md = (tmp_path / "out" / "tables" / "main.md").read_text()
+    assert "_No complete runs of ATLAS or of a baseline among the collected records._" in main_md
+    assert len(rep.collection.skipped) == 2
+
+
+def test_cli_as_a_module(tmp_path, capsys):
+    for seed in range(2):
+        write(tmp_path / "runs", record("atlas", seed, 0.3 + seed / 100, {"math": 0.01 + seed / 100}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "rep"
+    proc = subprocess.run([sys.executable, "-m", "analysis", "report", "runs", "--out", "rep", "--levels", "0.3",
+                           "--interpolate"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "records" in proc.stderr          # the progress bar over records
+    assert "2 complete runs" in proc.stdout
+    assert "python -m analysis report runs --out rep --levels 0.3 --interpolate" in (out / "index.md").read_text()
+    assert (out / "figures" / "pareto_micro_math.png").is_file()
+    (out / "data" / "runs.csv").write_text("edited\n")
+    os.chdir(tmp_path)
+    try:
+        assert main(["report", "runs", "--out", "rep", "--levels", "0.3", "--interpolate", "--check",
+                     "--no-progress"]) == 1
+    finally:
+        os.chdir(REPO)
+    assert "differs: data/runs.csv" in capsys.readouterr().out
+
+
+def test_analysis_imports_nothing_from_the_training_packages(tmp_path):
+    banned = ("atlas", "baselines", "experiments")
+    for path in sorted((REPO / "analysis").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
+    # At run time too (a bad level is rejected with exit status 2 after every module is imported).
+    write(tmp_path / "runs", record("atlas", 0, 0.3))
+    code = ("import json, sys; from analysis.cli import main; import analysis.report, analysis.figures; "
+            "rc = main(['report', 'runs', '--levels', 'abc']); "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r))); sys.exit(rc)" % (banned,))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "level 'abc'" in proc.stderr
+    assert json.loads(proc.stdout.strip()) == []
