@@ -26,6 +26,7 @@ from analysis.collect import Collection, collect
 from analysis.tables import all_tables, group_label
 
 INDEX = "index.md"
+INDEX_TITLE = "# Analysis report"
 SUBDIRS = ("tables", "figures", "data")
 OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
 
@@ -98,7 +99,7 @@ def warnings_of(a: Analysis) -> list[str]:
 def _index(rep: Report, command: str, tables, figures, missing, data_files) -> str:
     a, col = rep.analysis, rep.collection
     runs = a.runs
-    lines = ["# Analysis report", "", "Regenerate (and check against this folder) with:", "",
+    lines = [INDEX_TITLE, "", "Regenerate (and check against this folder) with:", "",
              "```", command, "```", "", "## Runs", ""]
     counts = col.counts()
     lines.append(f"- Sources read (record files and W&B runs): {col.n_sources}")
@@ -158,6 +159,14 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
     return "\n".join(lines)
 
 
+def _is_report(folder: Path) -> bool:
+    try:
+        with open(folder / INDEX, encoding="utf-8") as fh:
+            return fh.readline().rstrip("\n") == INDEX_TITLE
+    except OSError:
+        return False
+
+
 def _clean_stale(folder: Path, written: set[Path]) -> None:
     """Remove files of a previous report in the report's own subfolders that this run did not write."""
     for sub in SUBDIRS:
@@ -197,6 +206,8 @@ def write_report(
 ) -> Report:
     """Collect, analyse and write every table, figure and data file plus `index.md` into `out`."""
     folder = Path(out)
+    # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
+    owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
     a = analyze(col.table, MT.parse_levels(levels), primary, interpolate)
     rep = Report(folder, col, a)
@@ -234,7 +245,8 @@ def write_report(
         figures.append((spec, [f"figures/{p.name}" for p in paths]))
 
     written.append(_write(folder / INDEX, _index(rep, command, tables, figures, missing, data_files)))
-    _clean_stale(folder, {p.resolve() for p in written})
+    if owned:
+        _clean_stale(folder, {p.resolve() for p in written})
     rep.files = sorted(written, key=str)
     return rep
 

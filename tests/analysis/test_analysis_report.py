@@ -96,16 +96,10 @@ def test_report_files_are_deterministic_and_checkable(report):
         assert float(box.group(1)) == pytest.approx(WIDTH_IN * 72, abs=0.5), pdf.name
         assert b"CreationDate" not in data and b"ModDate" not in data
     # A re-run gives the same bytes for every file: the only differences are the two planted here.
-    kwargs = dict(levels=["gain:0.5", "gain:0.75", "0.33"])
-    original = (out / "tables" / "main.md").read_text()
     (out / "tables" / "main.md").write_text("edited\n")
     (out / "figures" / "stale.png").write_bytes(b"old")
-    assert check_report([str(root)], out, **kwargs) == [f"only in {out}: figures/stale.png", "differs: tables/main.md"]
-    # Re-writing restores the report and removes files of the report's own kinds that it did not write.
-    args = ["report", str(root), "--out", str(out), "--levels", "gain:0.5", "gain:0.75", "0.33", "--no-progress"]
-    assert main(args) == 0
-    assert (out / "tables" / "main.md").read_text() == original
-    assert not (out / "figures" / "stale.png").exists()
+    diffs = check_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"])
+    assert diffs == [f"only in {out}: figures/stale.png", "differs: tables/main.md"]
 
 
 def test_report_without_complete_runs_does_not_crash(tmp_path):
@@ -113,39 +107,44 @@ def test_report_without_complete_runs_does_not_crash(tmp_path):
     failed["error"] = {"type": "ValueError", "message": "bad config"}
     write(tmp_path / "runs", failed)
     write(tmp_path / "runs", None, "broken", text="not json")
+    # A folder that is not a report keeps its files; in a report folder, files of the report's own kinds
+    # that a re-run did not write are removed.
+    foreign = tmp_path / "out" / "figures" / "mine.png"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_bytes(b"not from a report")
+    write_report([str(tmp_path / "runs")], tmp_path / "out")
+    assert foreign.exists()
     rep = write_report([str(tmp_path / "runs")], tmp_path / "out")
+    assert not foreign.exists()
     index = (tmp_path / "out" / "index.md").read_text()
     assert "- Complete runs used: 0" in index and "ValueError: bad config" in index
     assert "no complete runs: no figure can be drawn" in index
-    assert not list((tmp_path / "out" / "figures").glob("*")) if (tmp_path / "out" / "figures").exists() else True
+    assert not (tmp_path / "out" / "figures").exists() or not list((tmp_path / "out" / "figures").glob("*"))
     main_md = (tmp_path / "out" / "tables" / "main.md").read_text()
     assert "_No complete runs of ATLAS or of a baseline among the collected records._" in main_md
     assert len(rep.collection.skipped) == 2
 
 
-def test_cli_as_a_module(tmp_path, capsys):
+def test_cli_report_and_check(tmp_path, capsys, monkeypatch):
     for seed in range(2):
         write(tmp_path / "runs", record("atlas", seed, 0.3 + seed / 100, {"math": 0.01 + seed / 100}))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "rep"
-    proc = subprocess.run([sys.executable, "-m", "analysis", "report", "runs", "--out", "rep", "--levels", "0.3",
-                           "--interpolate"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "records" in proc.stderr          # the progress bar over records
-    assert "2 complete runs" in proc.stdout
+    args = ["report", "runs", "--out", "rep", "--levels", "0.3", "--interpolate"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "records" in captured.err          # the progress bar over records
+    assert "2 complete runs" in captured.out
     assert "python -m analysis report runs --out rep --levels 0.3 --interpolate" in (out / "index.md").read_text()
     assert (out / "figures" / "pareto_micro_math.png").is_file()
     (out / "data" / "runs.csv").write_text("edited\n")
-    os.chdir(tmp_path)
-    try:
-        assert main(["report", "runs", "--out", "rep", "--levels", "0.3", "--interpolate", "--check",
-                     "--no-progress"]) == 1
-    finally:
-        os.chdir(REPO)
+    assert main(args + ["--check", "--no-progress"]) == 1
     assert "differs: data/runs.csv" in capsys.readouterr().out
+    assert main(["report", "runs", "--levels", "gain:2"]) == 2
+    assert "outside [0, 1]" in capsys.readouterr().err
 
 
-def test_analysis_imports_nothing_from_the_training_packages(tmp_path):
+def test_module_entry_point_imports_nothing_from_the_training_packages(tmp_path):
     banned = ("atlas", "baselines", "experiments")
     for path in sorted((REPO / "analysis").glob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
@@ -157,12 +156,13 @@ def test_analysis_imports_nothing_from_the_training_packages(tmp_path):
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
-    # At run time too (a bad level is rejected with exit status 2 after every module is imported).
+    # At run time too: `python -m analysis` with a bad level exits with status 2 after importing every module.
     write(tmp_path / "runs", record("atlas", 0, 0.3))
-    code = ("import json, sys; from analysis.cli import main; import analysis.report, analysis.figures; "
-            "rc = main(['report', 'runs', '--levels', 'abc']); "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r))); sys.exit(rc)" % (banned,))
+    code = ("import json, runpy, sys; import analysis.report, analysis.figures\n"
+            "sys.argv = ['analysis', 'report', 'runs', '--levels', 'abc']\n"
+            "try:\n    runpy.run_module('analysis', run_name='__main__')\nexcept SystemExit as exc:\n    rc = exc.code\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))\nsys.exit(rc)" % (banned,))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 2 and "level 'abc'" in proc.stderr
+    assert proc.returncode == 2 and "level 'abc'" in proc.stderr, proc.stderr
     assert json.loads(proc.stdout.strip()) == []
