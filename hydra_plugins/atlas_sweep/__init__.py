@@ -1,0 +1,1 @@
+"""Hydra launchers of the ATLAS suite: re-runnable sweeps, locally and on SLURM (experiments/sweep.py)."""

@@ -1,0 +1,207 @@
+"""The suite's Hydra launchers: skip complete runs, launch the rest, summarise (logic in experiments/sweep.py).
+
+Hydra instantiates launchers only from the `hydra_plugins` package, hence this module; it is
+imported by Hydra's plugin scan on every start, so it imports nothing heavy at module level.
+
+- `LocalSweepLauncher` (`hydra/launcher=local`): Hydra's basic launcher, jobs one after another here.
+- `SlurmSweepLauncher` (`hydra/launcher=slurm`, `slurm_local`): hydra-submitit-launcher's SLURM
+  launcher; one job array, with a code snapshot per sweep, preemption-safe requeue, and a launcher
+  that blocks until the array ends.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+
+class LocalSweepLauncher(BasicLauncher):
+    """Hydra's basic launcher (jobs one after another in this process) with skip + summary."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from experiments import sweep
+        from experiments.train import Preempted
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None
+        plan = sweep.plan_sweep(self.config, self.hydra_context, job_overrides, initial_job_idx)
+        folder = sweep.new_sweep_folder(self.config.hydra.sweep.dir)
+        sweep.write_plan(folder, plan)
+        sweep.announce(plan, "run")
+        returns: list[JobReturn] = []
+        stop: Optional[BaseException] = None
+        for run in plan:
+            if run.state is not None:  # skipped (complete) or a duplicate of another job
+                returns.append(sweep.skipped_return(run))
+                continue
+            if stop is not None:
+                run.state, run.reason = sweep.NOT_RUN, f"the sweep stopped after {type(stop).__name__}: {stop}"
+                continue
+            try:
+                ret = super().launch([run.overrides], run.index)[0]
+            except SystemExit as exc:  # the entry point exits on a config or data error found inside the job
+                ret = sweep.failed_return(run, RuntimeError(f"the job exited with code {exc.code} (message above)"))
+            returns.append(ret)
+            error = ret._return_value if ret.status == JobStatus.FAILED else None
+            run.state, run.reason = sweep.outcome_of(run, error)
+            if isinstance(error, Preempted):
+                stop = error  # a signal asked this process to stop: do not start the next run
+        sweep.write_plan(folder, plan)
+        sweep.report(plan, folder, "local")
+        return returns
+
+
+class SlurmSweepLauncher(SlurmLauncher):
+    """hydra-submitit-launcher's SLURM launcher with skip, code snapshot, no double submission and summary.
+
+    Each job's config is composed at launch (later edits of conf/ do not reach queued jobs) and the
+    job imports the code from the sweep's snapshot. On USR2 (time limit near, or preemption) the
+    training loop checkpoints at the next step boundary and hands the signal to submitit, which
+    calls `checkpoint` (resubmit this same job) and requeues it; the requeued job resumes from the
+    checkpoint in the same run directory.
+    """
+
+    def __init__(self, snapshot: bool = True, **params: Any) -> None:
+        params.pop("submitit_folder", None)  # the sweep folder decides it
+        super().__init__(**params)
+        self.snapshot = bool(snapshot)
+        self.launch_cwd: Optional[str] = None
+        self.singleton_state: Optional[dict] = None
+
+    # ---- on the submitting machine
+
+    def _executor(self, folder: Path, code: Path) -> Any:
+        import submitit
+
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+        params = dict(self.params)
+        init = {f"slurm_{k}": params.pop(k) for k in ("max_num_timeout",) if k in params}
+        executor = submitit.AutoExecutor(folder=str(folder / "submitit" / "%j"), cluster="slurm", **init)
+        # The job's Python starts in the code folder, so imports come from it (sys.path[0]); the job then
+        # changes back to the launch directory, so relative paths in the config mean what they meant here.
+        params["srun_args"] = list(params.get("srun_args") or []) + [f"--chdir={code}"]
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+        return executor
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from experiments import sweep
+
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        plan = sweep.plan_sweep(self.config, self.hydra_context, job_overrides, initial_job_idx)
+        sweep.mark_still_queued(plan)
+        folder = sweep.new_sweep_folder(self.config.hydra.sweep.dir)
+        sweep.write_plan(folder, plan)
+        sweep.announce(plan, "submit")
+        todo = [run for run in plan if run.state is None]
+        if not todo:
+            sweep.report(plan, folder, "slurm")
+            return [sweep.skipped_return(run) for run in plan]
+
+        if self.snapshot:
+            info = sweep.snapshot_code(folder / "code", exclude=[Path(str(self.config.hydra.sweep.dir))])
+            code = Path(info["path"]).resolve()
+            sweep.log(f"code snapshot {code} (git {info['git_sha'][:10]}, {info['changed_files']} changed and "
+                      f"{info['untracked_files']} untracked file(s) on top)")
+        else:
+            code = sweep.code_root()
+        self.launch_cwd = os.getcwd()
+        self.singleton_state = Singleton.get_state()
+        executor = self._executor(folder, code)
+        jobs = executor.map_array(self, [run.config for run in todo], [run.index for run in todo])
+        for run, job in zip(todo, jobs):
+            run.slurm_job_id = job.job_id
+            sweep.write_slurm_marker(run, folder)
+        sweep.write_plan(folder, plan)
+        sweep.log(f"submitted {len(jobs)} job(s) to SLURM as job {jobs[0].job_id.split('_')[0]} "
+                  f"(logs: {folder / 'submitit'}); waiting for them to end (Ctrl-C stops waiting, the jobs keep running)")
+        outcomes = self._wait(todo, jobs)
+        returns = [sweep.skipped_return(run) for run in plan if run.state is not None]
+        for run, job, outcome in zip(todo, jobs, outcomes):
+            if isinstance(outcome, JobReturn):
+                returns.append(outcome)
+                error = outcome._return_value if outcome.status == JobStatus.FAILED else None
+                run.state, run.reason = sweep.outcome_of(run, error)
+            else:
+                run.state, run.reason = sweep.outcome_of(run, outcome)
+                returns.append(sweep.failed_return(run, RuntimeError(
+                    f"run {run.run_id} ({run.run_dir}) {run.state}: {run.reason}; job log {job.paths.stderr}")))
+        sweep.refresh_queued(plan)
+        sweep.write_plan(folder, plan)
+        sweep.report(plan, folder, "slurm")
+        return returns
+
+    @staticmethod
+    def _wait(todo: Sequence[Any], jobs: Sequence[Any]) -> list[Any]:
+        from experiments import sweep
+
+        outcomes: list[Any] = [None] * len(jobs)
+        pending = set(range(len(jobs)))
+        try:
+            while pending:
+                for i in sorted(pending):
+                    if not jobs[i].done():
+                        continue
+                    pending.discard(i)
+                    try:
+                        outcomes[i] = jobs[i].results()[0]
+                    except Exception as exc:  # the job ended without a result (killed, cancelled, node failure)
+                        outcomes[i] = exc
+                    error = outcomes[i] if isinstance(outcomes[i], BaseException) else None
+                    state = sweep.outcome_of(todo[i], error)[0]
+                    sweep.log(f"{len(jobs) - len(pending)}/{len(jobs)} ended: job {jobs[i].job_id} "
+                              f"{todo[i].run_id} {state}")
+                if pending:
+                    time.sleep(1.0)
+        except KeyboardInterrupt:
+            left = " ".join(jobs[i].job_id for i in sorted(pending))
+            sweep.log(f"stopped waiting; still on the cluster: {left}. Launch the same command again later: "
+                      "complete runs are skipped and runs still queued are not submitted twice.")
+            raise
+        return outcomes
+
+    # ---- on the compute node
+
+    def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:  # type: ignore[override]
+        import submitit
+
+        from experiments import sweep
+        from experiments.train import Preempted
+
+        if self.launch_cwd:
+            os.chdir(self.launch_cwd)
+        if self.singleton_state is not None:
+            Singleton.set_state(self.singleton_state)
+        setup_globals()
+        sweep.ensure_run_id_resolver()
+        with read_write(sweep_config.hydra.job), open_dict(sweep_config.hydra.job):
+            sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
+            sweep_config.hydra.job.num = job_num
+        ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        if ret.status == JobStatus.FAILED and isinstance(ret._return_value, Preempted):
+            # Stopped by SIGTERM after a checkpoint (scancel, or a preemption SLURM requeues by itself): leave
+            # no result behind, so the launcher waits for a requeued job instead of taking this as the end.
+            print(f"[sweep] {ret._return_value}; exiting without a result", flush=True)
+            sys.exit(1)
+        if ret.status == JobStatus.FAILED:
+            # Raise, so that the SLURM job ends FAILED (sacct) and submitit keeps the traceback; the run's
+            # record already says failed, with the traceback.
+            raise ret._return_value
+        return ret
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """Called by submitit on USR2: resubmit this same job; it resumes from the run's newest checkpoint."""
+        print("[sweep] requeueing this job; it resumes from the run's newest checkpoint", flush=True)
+        return super().checkpoint(*args, **kwargs)
