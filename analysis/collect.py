@@ -32,6 +32,7 @@ WANDB_STATES = {
 }
 
 
+RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", "__pycache__")
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -99,8 +100,10 @@ def find_records(dirs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Pa
                 records.add(here / schema.RECORD_NAME)
             elif ".hydra" in subdirs or "run.log" in files:
                 bare.add(here)
-            # Nothing analysis needs lives under these: skip the walk into them.
-            subdirs[:] = [s for s in subdirs if s not in (".hydra", "wandb", "checkpoints", "export", "__pycache__")]
+            # Nothing analysis needs lives in a run's own subfolders (checkpoints, exports, W&B files).
+            is_run = schema.RECORD_NAME in files or ".hydra" in subdirs or "run.log" in files
+            skip = RUN_SUBDIRS if is_run else (".hydra", "__pycache__")
+            subdirs[:] = [s for s in subdirs if s not in skip]
     return sorted(records, key=str), sorted(bare, key=str)
 
 

@@ -26,10 +26,13 @@ def test_collects_nested_run_dirs_and_builds_rows(tmp_path):
     write(tmp_path / "runs", a)
     write(tmp_path / "multirun" / "2026-01-01" / "10-00-00", b)
     write(tmp_path / "multirun" / "2026-01-01" / "10-00-00" / "deeper", c)
+    # A folder named like a run's own subfolder is searched when it is not inside a run directory.
+    d = record("ewc", 0, 0.2)
+    write(tmp_path / "checkpoints" / "sweep", d)
     col = collect([tmp_path])
     df = col.table
-    assert col.skipped == [] and len(df) == 3 and col.n_sources == 3
-    assert set(df["run_id"]) == {a["run_id"], b["run_id"], c["run_id"]}
+    assert col.skipped == [] and len(df) == 4 and col.n_sources == 4
+    assert set(df["run_id"]) == {a["run_id"], b["run_id"], c["run_id"], d["run_id"]}
     row_a = df[df["run_id"] == a["run_id"]].iloc[0]
     assert row_a[schema.TARGET_COL] == 0.3 and row_a[schema.KL_MEAN_COL] == pytest.approx(0.03)
     assert row_a["retained/math/kl_token_mean"] == 0.02
