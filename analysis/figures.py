@@ -112,7 +112,10 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
     if not chosen:
         return None
     methods = chosen + ([M.BASE] if M.BASE in present else [])
-    pts = pts[pts["method"].isin(methods)]
+    pts = pts[pts["method"].isin(methods)].copy()
+    factor, unit = _kl_unit(pd.concat([pts["y_mean"], pts["y_hi"]]))
+    for col in ("y_mean", "y_lo", "y_hi"):
+        pts[col] = pts[col] * factor
     ncol = _legend_ncol([M.label(m) for m in methods])
     rows = _legend_rows(len(methods), ncol)
     fig = Figure(figsize=(WIDTH_IN, 2.35 + 0.17 * rows), layout="constrained")
@@ -144,22 +147,54 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
         if len(dom):
             ax.plot(dom["y_mean"], dom["x_mean"], linestyle="none", marker=st.marker, markerfacecolor="white",
                     markeredgecolor=st.color, markeredgewidth=0.7, markersize=4, zorder=z)
-    right = blended_transform_factory(ax.transAxes, ax.transData)
-    for lv in a.levels:
-        c = a.threshold(backbone, benchmark, lv)
+    levels = [(a.threshold(backbone, benchmark, lv), lv) for lv in a.levels]
+    for c, _ in levels:
         ax.axhline(c, color="0.55", linestyle=(0, (1, 2)), linewidth=0.6, zorder=1)
-        ax.text(1.01, c, _level_short(lv), transform=right, fontsize=FONT_PT, color="0.4", va="center", ha="left")
-    ax.set_xlabel(f"Retained KL, {domain_label(domain)} (lower is better)")
+    ax.margins(x=0.06, y=0.08)
+    _label_levels(ax, levels)
+    ax.set_xlabel(f"Retained KL{unit} (lower is better)")
     ax.set_ylabel("Coding pass@1 (higher is better)")
-    ax.set_title(group_label(backbone, benchmark) + (": ATLAS variants" if family == "ablation" else ""), loc="left")
+    where = "mean of domains" if domain == "mean" else domain
+    ax.set_title(f"{group_label(backbone, benchmark)} · {where}" + (" · ATLAS variants" if family == "ablation" else ""),
+                 loc="left", fontsize=FONT_PT)
     ax.grid(True, linewidth=0.3, color="0.88")
     ax.set_axisbelow(True)
-    ax.margins(x=0.06, y=0.08)
     ax.set_xlim(left=min(0.0, ax.get_xlim()[0]))
     handles = [_method_handle(m, line=m != M.BASE) for m in methods]
     fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=1.6,
                columnspacing=1.0, handletextpad=0.4)
     return fig
+
+
+def _kl_unit(values: pd.Series) -> tuple[float, str]:
+    """A power of ten that brings tiny KL values to readable tick labels, and its axis-label suffix
+    (so no offset text sits on the axis label)."""
+    v = pd.to_numeric(values, errors="coerce").abs().dropna()
+    top = float(v.max()) if len(v) else 0.0
+    if top == 0.0 or 1e-2 <= top < 1e4:
+        return 1.0, ""
+    e = math.floor(math.log10(top))
+    return 10.0 ** -e, f" (×10$^{{{e}}}$)"
+
+
+def _label_levels(ax, levels) -> None:
+    """Label the requirement lines right of the axes; levels closer than 4% of the y range share a label."""
+    lo, hi = ax.get_ylim()
+    gap = 0.04 * (hi - lo)
+    right = blended_transform_factory(ax.transAxes, ax.transData)
+    groups: list[list] = []
+    for c, lv in sorted(levels, key=lambda t: (t[0], t[1].value)):
+        if groups and c - groups[-1][-1][0] < gap:
+            groups[-1].append((c, lv))
+        else:
+            groups.append([(c, lv)])
+    for group in groups:
+        y = sum(c for c, _ in group) / len(group)
+        if group[0][1].kind == "gain" and all(lv.kind == "gain" for _, lv in group):
+            text = "/".join(f"{100 * lv.value:g}" for _, lv in group) + "%"
+        else:
+            text = "/".join(_level_short(lv) for _, lv in group)
+        ax.text(1.01, y, text, transform=right, fontsize=FONT_PT, color="0.4", va="center", ha="left")
 
 
 def _bar_label(ax, x: float, text: str) -> None:
@@ -213,6 +248,8 @@ def ablation_figure(a: Analysis, backbone: str, benchmark: str) -> Optional[Figu
         return None
     nl = len(a.levels)
     width = 0.8 / nl
+    fam = summ[summ["method"].isin(methods)]
+    factor, unit = _kl_unit(pd.concat([fam["mean"], fam["hi"]]))
     fig = Figure(figsize=(WIDTH_IN, 2.3 + 0.17 * _legend_rows(nl + 2, 2)), layout="constrained")
     ax = fig.add_subplot()
     xs = list(range(len(methods)))
@@ -226,15 +263,14 @@ def ablation_figure(a: Analysis, backbone: str, benchmark: str) -> Optional[Figu
                 continue
             r = r.iloc[0]
             partial = int(r["n_reached"]) < int(r["n_seeds"])
-            ax.bar(pos, float(r["mean"]), width=width * 0.92, color=st.color, alpha=PARTIAL_ALPHA if partial else 0.9,
+            ax.bar(pos, factor * float(r["mean"]), width=width * 0.92, color=st.color, alpha=PARTIAL_ALPHA if partial else 0.9,
                    hatch=LEVEL_HATCHES[k % len(LEVEL_HATCHES)], edgecolor="white", linewidth=0.0)
             if not pd.isna(r["lo"]):
-                ax.errorbar(pos, float(r["mean"]), yerr=[[float(r["mean"]) - float(r["lo"])],
-                                                         [float(r["hi"]) - float(r["mean"])]],
-                            fmt="none", ecolor="0.15", elinewidth=0.7)
+                m, lo_, hi_ = (factor * float(r[k]) for k in ("mean", "lo", "hi"))
+                ax.errorbar(pos, m, yerr=[[m - lo_], [hi_ - m]], fmt="none", ecolor="0.15", elinewidth=0.7)
     ax.set_xticks(xs, [M.label(m) for m in methods], rotation=30, ha="right", rotation_mode="anchor")
     ax.set_xlim(-0.5, len(methods) - 0.5)
-    ax.set_ylabel("Retained KL at matched\nrequirement (lower is better)")
+    ax.set_ylabel(f"Retained KL{unit} at matched\nrequirement (lower is better)")
     ax.set_ylim(bottom=0)
     ax.grid(True, axis="y", linewidth=0.3, color="0.88")
     ax.set_axisbelow(True)

@@ -10,7 +10,7 @@ from analysis import methods as M
 from analysis import schema
 from analysis.analyze import analyze
 from analysis.collect import make_table
-from analysis.figures import FONT_PT, RC, WIDTH_IN, all_figures
+from analysis.figures import FONT_PT, RC, WIDTH_IN, all_figures, pareto_figure
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,15 @@ def test_method_styles_are_fixed_and_distinct():
     assert M.style("my_new_method").color in M.EXTRA_COLORS
     assert M.style("my_new_method") == M.Style("#5254a3", "o")
     assert M.order_key("my_new_method") < M.order_key("atlas_global") < M.order_key("base")
+
+
+def test_tiny_kl_gets_a_unit_and_coinciding_levels_share_a_label():
+    # A short run: pass@1 0 everywhere (every gain level is 0) and KL around 4e-5.
+    recs = [record("lora", 0, 0.0, {"math": 2e-6, "commonsense": 7.3e-5})]
+    a = analyze(make_table(schema.to_row(r, str(i)) for i, r in enumerate(recs)))
+    with matplotlib.rc_context(RC):
+        fig = pareto_figure(a, "micro", "micro", "mean")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "Retained KL (×10$^{-5}$) (lower is better)"
+    assert max(line.get_xdata()[0] for line in ax.get_lines() if len(line.get_xdata())) == pytest.approx(3.75)
+    assert [t.get_text() for t in ax.texts] == ["50/75/90%"]
