@@ -190,6 +190,8 @@ def tex_escape(text: str) -> str:
         else:
             out.append(ch)
     s = "".join(out)
+    # A minus sign, not a hyphen, before numbers.
+    s = re.sub(r"(?<![\w.])-(?=\.?\d)", r"$-$", s)
     # Keep the interval brackets of "[a, b]" from being read as optional arguments after a macro.
     return re.sub(r"^\[", "{[}", s)
 

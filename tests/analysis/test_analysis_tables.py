@@ -55,6 +55,8 @@ def test_latex_booktabs_escaped_and_bold():
     assert r"\caption{Demo: a\_b \& c. $\Delta$ $\geq$ 5\% of x\_y.}" in tex
     assert tex.count(r"\midrule") == 2   # header rule + one between the two groups
     assert tex_escape("[0.1, 0.2]") == "{[}0.1, 0.2]"
+    assert tex_escape("[-0.05, -1.2e-05]") == "{[}$-$0.05, $-$1.2e-05]"
+    assert tex_escape("qwen3-8b") == "qwen3-8b"
 
 
 def test_ties_and_lone_values_are_not_bold():
