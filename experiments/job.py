@@ -35,7 +35,7 @@ from experiments.data.loaders import DataError
 from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method
 from experiments.prompts import apply_template, code_instruction_prompt, code_instruction_response, encode_pair
-from experiments.train import Preempted, seed_everything, train
+from experiments.train import Preempted, checkpoint_paths, seed_everything, train
 
 # Errors that mean "the config asks for something impossible": one line, no traceback, exit code 2.
 USER_ERRORS = (ConfigError, MethodConfigError, BackboneError, DataError)
@@ -107,6 +107,19 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
         records.atomic_write_json(
             run_dir / records.RECORD_NAME,
             {**base_record, "status": records.STATUS_INTERRUPTED, "interrupted": {"step": exc.step, "reason": str(exc)},
+             "provenance": records.provenance(_started(base_record))},
+        )
+        raise
+    except SystemExit as exc:
+        # A signal handler ended the process, e.g. submitit's on USR2 after the loop's checkpoint: the
+        # job was requeued and resumes, so the run is interrupted, not failed.
+        exit_code = 1
+        checkpoints = checkpoint_paths(run_dir)
+        step = int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
+        records.atomic_write_json(
+            run_dir / records.RECORD_NAME,
+            {**base_record, "status": records.STATUS_INTERRUPTED,
+             "interrupted": {"step": step, "reason": f"exit({exc.code}) during the run: requeued (or stopped) by a signal handler"},
              "provenance": records.provenance(_started(base_record))},
         )
         raise
