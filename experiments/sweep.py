@@ -119,7 +119,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         try:
             typed = typed_config(science)
         except USER_ERRORS as exc:
-            errors.append(f"  #{index} {' '.join(filter_overrides(overrides))}: {exc}")
+            errors.append((offset, index, exc))
             continue
         run_id = records.run_id_of(OmegaConf.to_container(typed, resolve=True))
         previous = HydraConfig.instance().cfg
@@ -143,9 +143,23 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
             run.state, run.reason = SKIPPED, "complete record before launch"
         plan.append(run)
     if errors:
+        labels = short_labels(job_overrides)
+        lines = [f"  #{index} {labels[offset]}: {exc}" for offset, index, exc in errors]
         raise ConfigError(f"{len(errors)} of {len(job_overrides)} sweep jobs have an invalid config; nothing was "
-                          "launched:\n" + "\n".join(errors))
+                          "launched:\n" + "\n".join(lines))
     return plan
+
+
+def plan_or_exit(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],
+                 initial_job_idx: int) -> list[PlannedRun]:
+    """plan_sweep, ending the process with the one-line errors and exit code 2 of run.py on a bad config."""
+    from experiments.job import USER_ERRORS
+
+    try:
+        return plan_sweep(config, hydra_context, job_overrides, initial_job_idx)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def new_sweep_folder(sweep_dir: str | Path) -> Path:

@@ -33,7 +33,7 @@ class LocalSweepLauncher(BasicLauncher):
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
-        plan = sweep.plan_sweep(self.config, self.hydra_context, job_overrides, initial_job_idx)
+        plan = sweep.plan_or_exit(self.config, self.hydra_context, job_overrides, initial_job_idx)
         folder = sweep.new_sweep_folder(self.config.hydra.sweep.dir)
         sweep.write_plan(folder, plan)
         sweep.announce(plan, "run")
@@ -99,7 +99,7 @@ class SlurmSweepLauncher(SlurmLauncher):
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
-        plan = sweep.plan_sweep(self.config, self.hydra_context, job_overrides, initial_job_idx)
+        plan = sweep.plan_or_exit(self.config, self.hydra_context, job_overrides, initial_job_idx)
         sweep.mark_still_queued(plan)
         folder = sweep.new_sweep_folder(self.config.hydra.sweep.dir)
         sweep.write_plan(folder, plan)

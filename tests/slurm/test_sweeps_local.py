@@ -1,0 +1,108 @@
+"""Launcher configs, cluster profiles, the code snapshot, and the local launcher's skip + summary (no cluster)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from experiments import sweep
+from tests.conftest import REPO, run_cli
+from tests.slurm.sweep_helpers import records_under, summary_rows, sweep_folder, sweep_lines
+
+PROFILES = sorted((REPO / "slurm" / "profiles" / "hydra" / "launcher").glob("*.yaml"))
+
+
+def launcher_config(*args: str) -> dict:
+    proc = run_cli([*args, "--cfg", "hydra", "-p", "hydra.launcher"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return yaml.safe_load(proc.stdout)
+
+
+def test_local_stays_the_default_launcher():
+    cfg = launcher_config()
+    assert cfg["_target_"] == "hydra_plugins.atlas_sweep.launchers.LocalSweepLauncher"
+
+
+@pytest.mark.parametrize("name", ["slurm", "slurm_local"])
+def test_slurm_launcher_configs_requeue_on_timeout(name):
+    cfg = launcher_config(f"hydra/launcher={name}")
+    assert cfg["_target_"] == "hydra_plugins.atlas_sweep.launchers.SlurmSweepLauncher"
+    assert cfg["max_num_timeout"] > 0 and cfg["signal_delay_s"] > 0 and cfg["snapshot"] is True
+    for key in ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min",
+                "array_parallelism", "setup"):
+        assert key in cfg, key
+    if name == "slurm_local":
+        assert cfg["partition"] == "debug" and cfg["gpus_per_node"] is None and cfg["cpus_per_task"] == 1
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=[p.stem for p in PROFILES])
+def test_cluster_profiles_compose_onto_the_slurm_launcher(profile):
+    cfg = launcher_config("-cd", "slurm/profiles", f"hydra/launcher={profile.stem}")
+    assert cfg["_target_"] == "hydra_plugins.atlas_sweep.launchers.SlurmSweepLauncher"
+    assert cfg["max_num_timeout"] > 0 and cfg["partition"]
+
+
+def test_profiles_exist():
+    assert len(PROFILES) >= 2, PROFILES
+
+
+def test_code_snapshot_is_a_checkout_of_head_with_the_working_tree_on_top(tmp_path):
+    info = sweep.snapshot_code(tmp_path / "code", exclude=[REPO / "tests" / "slurm"])
+    code = tmp_path / "code"
+    head = subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    assert head.strip() == info["git_sha"]
+    for rel in ("run.py", "experiments/sweep.py", "hydra_plugins/atlas_sweep/launchers.py", "conf/config.yaml"):
+        assert (code / rel).read_bytes() == (REPO / rel).read_bytes(), rel
+    assert not (code / "tests" / "slurm").exists()  # excluded (a sweep never snapshots its own run root)
+    # The snapshot imports as the code of a job does: from its own folder first.
+    probe = "import experiments.sweep as s, hydra_plugins.atlas_sweep.launchers as l; print(s.__file__, l.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=code, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert all(p.startswith(str(code)) for p in out.stdout.split()), out.stdout
+
+
+def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overrides, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["-m", "method=lora", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
+            "+method.explode_at=2,100", *overrides(runs)]
+    first = run_cli(args)
+    assert first.returncode != 0, first.stdout[-3000:]  # a run failed: the sweep says so with its exit code
+    rows = summary_rows(first.stdout)
+    assert rows["+method.explode_at=2"] == ("failed", rows["+method.explode_at=2"][1])
+    assert rows["+method.explode_at=2"][1].startswith("RuntimeError: boom at step 2"), rows
+    assert rows["+method.explode_at=100"][0] == "done", rows
+    recs = records_under(runs)
+    assert sorted(r["status"] for r in recs.values()) == ["complete", "failed"]
+    failed = next(r for r in recs.values() if r["status"] == "failed")
+    assert "Traceback" in failed["error"]["traceback"] and "after_step" in failed["error"]["traceback"]
+    summary = json.loads((sweep_folder(first.stdout) / "summary.json").read_text())
+    assert summary["counts"] == {"done": 1, "failed": 1}
+
+    again = run_cli(args)
+    assert again.returncode != 0
+    assert "[sweep] 2 run(s): 1 to run, 1 complete (skipped, nothing run for them)" in again.stdout, sweep_lines(again.stdout)
+    rows = summary_rows(again.stdout)
+    assert rows["+method.explode_at=100"][0] == "skipped" and rows["+method.explode_at=2"][0] == "failed"
+    assert again.stdout.count("[run] ") == 1  # only the failed run ran again
+
+    # The summary can be made again later from the run directories.
+    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "summary", str(sweep_folder(again.stdout))],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "1 skipped, 1 failed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_invalid_config_in_a_sweep_launches_nothing(overrides, tmp_path):
+    proc = run_cli(["-m", "method=lora", "train.lr=1e-3,-1", *overrides(tmp_path / "runs")], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "1 of 2 sweep jobs have an invalid config; nothing was launched" in proc.stderr, proc.stderr[-3000:]
+    assert "#1 train.lr=-1: train.lr=-1.0 is not allowed" in proc.stderr and "[run]" not in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_overrides_that_do_not_change_the_science_run_once(overrides, tmp_path):
+    proc = run_cli(["-m", "method=base", "train.log_every=5,10", *overrides(tmp_path / "runs")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 duplicate(s) of another job (not run twice)" in proc.stdout, sweep_lines(proc.stdout)
+    assert proc.stdout.count("[run] ") == 2  # "[run] <id>: ..." start and complete lines of one run
