@@ -310,15 +310,16 @@ def _git(repo: Path, *args: str) -> str:
     return out.stdout
 
 
-def snapshot_code(dest: Path, exclude: Sequence[Path] = ()) -> dict:
+def snapshot_code(dest: Path, exclude: Sequence[Path] = (), repo: Optional[Path] = None) -> dict:
     """Copy the code as it is now (committed, modified and untracked-but-not-ignored files) to `dest`.
 
     `dest` becomes a git checkout of the current commit with the working tree's changes on top,
     so a run's provenance (git sha, dirty flag) read inside the snapshot is that of the launch.
-    Untracked files over SNAPSHOT_COPY_LIMIT are linked rather than copied (data, not code).
+    Untracked files over SNAPSHOT_COPY_LIMIT are linked rather than copied (data, not code); paths
+    under `exclude` (the run root) are left out. `repo`: the checkout to copy (default: this code's).
     """
     try:
-        repo = Path(_git(code_root(), "rev-parse", "--show-toplevel").strip())
+        repo = Path(_git(repo or code_root(), "rev-parse", "--show-toplevel").strip())
         sha = _git(repo, "rev-parse", "HEAD").strip()
     except (OSError, RuntimeError) as exc:
         raise RuntimeError(f"the code snapshot needs a git checkout ({exc}); set hydra.launcher.snapshot=false "

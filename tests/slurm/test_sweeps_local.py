@@ -48,15 +48,53 @@ def test_profiles_exist():
     assert len(PROFILES) >= 2, PROFILES
 
 
-def test_code_snapshot_is_a_checkout_of_head_with_the_working_tree_on_top(tmp_path):
-    info = sweep.snapshot_code(tmp_path / "code", exclude=[REPO / "tests" / "slurm"])
+def git(repo, *args):
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_code_snapshot_is_the_commit_with_the_working_tree_on_top(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for rel, text in {"a.py": "a = 1\n", "b.py": "b = 1\n", "gone.py": "x\n", "pkg/c.py": "c = 1\n",
+                      ".gitignore": "ignored/\nruns/\n"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    sha = git(repo, "rev-parse", "HEAD")
+    (repo / "a.py").write_text("a = 2\n")                       # modified, not staged
+    (repo / "pkg" / "d.py").write_text("d = 1\n")
+    git(repo, "add", "pkg/d.py")                                 # new, staged
+    (repo / "gone.py").unlink()                                  # deleted
+    (repo / "new.py").write_text("n = 1\n")                      # untracked
+    (repo / "ignored").mkdir()
+    (repo / "ignored" / "w.bin").write_text("w")                 # ignored
+    (repo / "results" / "old").mkdir(parents=True)
+    (repo / "results" / "old" / "x.py").write_text("x")          # untracked, under the run root
+    monkeypatch.setattr(sweep, "SNAPSHOT_COPY_LIMIT", 10)
+    (repo / "big.dat").write_text("0123456789abcdef")            # untracked and big: linked
+
+    info = sweep.snapshot_code(tmp_path / "code", exclude=[repo / "results"], repo=repo)
     code = tmp_path / "code"
-    head = subprocess.run(["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    assert head.strip() == info["git_sha"]
+    assert info["git_sha"] == sha == git(code, "rev-parse", "HEAD")
+    assert (code / "a.py").read_text() == "a = 2\n" and (code / "b.py").read_text() == "b = 1\n"
+    assert (code / "pkg" / "d.py").read_text() == "d = 1\n" and (code / "new.py").read_text() == "n = 1\n"
+    assert not (code / "gone.py").exists() and not (code / "ignored").exists() and not (code / "results").exists()
+    assert (code / "big.dat").is_symlink() and (code / "big.dat").read_text() == "0123456789abcdef"
+    # Provenance read inside the snapshot is the launch's: same commit, dirty.
+    assert git(code, "status", "--porcelain", "--untracked-files=no")
+
+
+def test_code_snapshot_of_this_repo_imports_from_itself(tmp_path):
+    info = sweep.snapshot_code(tmp_path / "code")
+    code = tmp_path / "code"
+    assert info["git_sha"] == git(REPO, "rev-parse", "HEAD") == git(code, "rev-parse", "HEAD")
     for rel in ("run.py", "experiments/sweep.py", "hydra_plugins/atlas_sweep/launchers.py", "conf/config.yaml"):
-        assert (code / rel).read_bytes() == (REPO / rel).read_bytes(), rel
-    assert not (code / "tests" / "slurm").exists()  # excluded (a sweep never snapshots its own run root)
-    # The snapshot imports as the code of a job does: from its own folder first.
+        assert (code / rel).is_file(), rel
+    # A job's Python starts in the snapshot: the code it imports is the snapshot's.
     probe = "import experiments.sweep as s, hydra_plugins.atlas_sweep.launchers as l; print(s.__file__, l.__file__)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=code, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
