@@ -69,6 +69,8 @@ class Recipe:
     mix_code: float = 0.18
     eval_every: int = 250
     quick_eval_items: int = 60
+    math_max_new_tokens: int = 64
+    code_max_new_tokens: int = 96
     threads: int = 2
     tiny: bool = False
 
@@ -77,7 +79,7 @@ def tiny_recipe(seed: int = 0, steps: int = 8) -> Recipe:
     """A few steps of a very small model: for tests of the recipe itself."""
     return Recipe(seed=seed, steps=steps, vocab_size=400, hidden_size=32, num_layers=1, num_heads=2,
                   intermediate_size=64, block_size=64, batch_size=4, warmup_steps=2, eval_every=4,
-                  quick_eval_items=6, tiny=True)
+                  quick_eval_items=4, math_max_new_tokens=8, code_max_new_tokens=8, tiny=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,18 +188,18 @@ def run_progress(step: int, elapsed_s: float, recipe: Recipe) -> float:
     return max(step / recipe.steps, elapsed_s / (recipe.minutes * 60))
 
 
-def quick_checks(model, tokenizer, splits: dict, n: Optional[int], with_code: bool = False) -> dict:
+def quick_checks(model, tokenizer, splits: dict, n: Optional[int], recipe: Recipe, with_code: bool = False) -> dict:
     math_items = splits["math/evaluation"][:n]
     choice_items = [quick_eval.csqa_to_choice(r) for r in splits["commonsense/evaluation"][:n]]
     out = {
-        "math_exact_match": quick_eval.math_exact_match(model, tokenizer, math_items)["exact_match"],
+        "math_exact_match": quick_eval.math_exact_match(model, tokenizer, math_items, recipe.math_max_new_tokens)["exact_match"],
         "commonsense_accuracy": quick_eval.choice_accuracy(model, tokenizer, choice_items)["accuracy"],
         "n_math": len(math_items),
         "n_commonsense": len(choice_items),
     }
     if with_code:
         problems = splits["code/evaluation"][:n]
-        res = quick_eval.code_pass_at_1(model, tokenizer, problems)
+        res = quick_eval.code_pass_at_1(model, tokenizer, problems, recipe.code_max_new_tokens)
         out["code_pass@1"] = res["pass@1"]
         out["n_code"] = len(problems)
         by_family: dict[str, list[bool]] = {}
@@ -293,7 +295,7 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
         history.append({"step": step, "loss": loss.item(), "lr": lr, "t": time.time() - t_train})
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_seen / (time.time() - t_train):.0f}")
         if (step + 1) % recipe.eval_every == 0 and step + 1 < recipe.steps:
-            c = quick_checks(model, tokenizer, splits, recipe.quick_eval_items)
+            c = quick_checks(model, tokenizer, splits, recipe.quick_eval_items, recipe)
             c.update(step=step + 1, minutes=(time.time() - t_train) / 60)
             checks.append(c)
             tqdm.write(f"step {step + 1}: math EM {c['math_exact_match']:.3f}, MC acc {c['commonsense_accuracy']:.3f}")
@@ -311,7 +313,8 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
     save_loss_curve(history, out / "loss_curve.png")
 
     t = time.time()
-    final = quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items, with_code=True)
+    final = quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items, recipe,
+                         with_code=True)
     timings["final_eval_s"] = time.time() - t
     tqdm.write(f"final: math EM {final['math_exact_match']:.3f}, MC acc {final['commonsense_accuracy']:.3f}, "
                f"code pass@1 {final['code_pass@1']:.3f}")
