@@ -158,3 +158,22 @@ def test_paper_benchmark_loads_from_local_copies(shared_data):
 def test_unknown_method_hyperparameter_lists_allowed():
     with pytest.raises(MethodConfigError, match=r"method.rnak=4 is not a parameter of baselines.lora.LoRA; allowed: \[.*'rank'"):
         build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rnak": 4})
+
+
+@pytest.mark.parametrize("group,schema", [("backbone", "BackboneConfig"), ("train", "TrainConfig"), ("eval", "EvalConfig")])
+def test_every_schema_key_is_listed_in_the_group_yaml(group, schema):
+    """So `group.key=value` works on the command line for every key (no `+` needed)."""
+    from dataclasses import fields
+
+    import experiments.config as C
+    from omegaconf import OmegaConf
+
+    cls = getattr(C, schema)
+    for path in sorted((REPO / "conf" / group).glob("*.yaml")):
+        listed = set(OmegaConf.load(path)) - {"defaults"}
+        missing = {f.name for f in fields(cls)} - listed
+        assert not missing, f"{path.name} lacks {sorted(missing)}"
+
+
+def test_any_eval_key_overrides_without_plus():
+    assert validate_config(composed("eval.max_items_per_domain=30", "backbone.revision=abc")).eval.max_items_per_domain == 30
