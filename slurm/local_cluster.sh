@@ -160,6 +160,8 @@ KillWait=10
 MinJobAge=300
 Waittime=0
 SchedulerType=sched/backfill
+# A requeued job may start once its credential expired; look for it every 5 s, not every 30 s.
+SchedulerParameters=bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 DefMemPerCPU=$defmem

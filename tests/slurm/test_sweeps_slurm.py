@@ -159,3 +159,43 @@ def test_a_raising_job_is_recorded_failed_named_by_the_summary_and_resubmitted(c
     acct = sacct(submitted_job(again.stdout))
     print(format_sacct(acct))
     assert [r["State"] for r in acct] == ["FAILED"], acct
+
+
+def test_a_job_at_its_time_limit_gets_usr2_from_slurm_is_requeued_and_resumes(cluster, overrides, tmp_path):
+    # A 1-minute limit with --signal=USR2@25: SLURM checks time limits every 30 s and signals a job with
+    # at most 25+30 s left, i.e. 5-35 s after it starts, while its 36 s of training (360 steps of 0.1 s)
+    # still go on. Once requeued, the job gets a longer limit so that it ends without a second signal.
+    runs = tmp_path / "runs"
+    steps = 360
+    args = ["-m", "method=lora", "method._target_=tests.slurm.slow_method.SlowLoRA", "+method.step_sleep_s=0.1",
+            SLURM, "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=25",
+            *overrides(runs, **{"train.steps": str(steps), "train.checkpoint_every": "50"})]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        job_id = None
+        while time.time() < deadline and proc.poll() is None:
+            markers = list(runs.glob("*/.slurm_job.json"))
+            if markers and job_id is None:
+                job_id = json.loads(markers[0].read_text())["job_id"]
+            if job_id and any(r["State"] == "REQUEUED" for r in sacct(job_id, duplicates=True, wait_final_s=0)):
+                subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=30)
+                break
+            time.sleep(0.5)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    rows = sacct(job_id, duplicates=True)
+    print(format_sacct(rows))
+    assert [r["State"] for r in rows] == ["REQUEUED", "COMPLETED"], rows
+    log = next((sweep_folder(out) / "submitit").glob(f"{job_id}/*_log.out")).read_text()
+    m = re.search(r"\[train\] SIGUSR2: checkpoint saved at step (\d+)", log)
+    assert m and "Job has timed out" in log and "Requeued job" in log, log[-3000:]
+    step = int(m.group(1))
+    assert f"[train] resumed from checkpoint step_{step:08d}.pt at step {step}" in log, log[-3000:]
+    rec = next(iter(records_under(runs).values()))
+    assert rec["status"] == "complete" and len(rec["train"]["losses"]) == steps and rec["train"]["resumed_from"] == step
