@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 import traceback
 from contextlib import contextmanager
@@ -133,7 +134,15 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
         )
         raise
     finally:
-        logger.close(exit_code)
+        try:
+            logger.close(exit_code)
+        except Exception as exc:
+            if not exit_code:
+                raise
+            # After a failure or a signal the logger's service may be gone already (a requeue kills the
+            # job's processes): closing it must not hide why the run stopped.
+            print(f"[run] closing the logger failed after the run stopped: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
 
 
 def _started(base_record: dict) -> datetime:
