@@ -76,6 +76,7 @@ class SlurmSweepLauncher(SlurmLauncher):
         self.snapshot = bool(snapshot)
         self.launch_cwd: Optional[str] = None
         self.singleton_state: Optional[dict] = None
+        self.requeued = False  # on the compute node: submitit called `checkpoint` (USR2) in this attempt
 
     # ---- on the submitting machine
 
@@ -188,8 +189,19 @@ class SlurmSweepLauncher(SlurmLauncher):
         with read_write(sweep_config.hydra.job), open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
             sweep_config.hydra.job.num = job_num
-        ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        self.requeued = False
+        try:
+            ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
+                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        except Exception:
+            if self.requeued:
+                sys.exit(-1)
+            raise
+        if self.requeued:
+            # submitit requeued this job and exits, but an error raised while unwinding replaced its exit:
+            # leave no result, or the launcher would take this attempt for the end of the job.
+            print(f"[sweep] requeued; exiting without a result ({ret._return_value!r} while stopping)", flush=True)
+            sys.exit(-1)
         if ret.status == JobStatus.FAILED and isinstance(ret._return_value, Preempted):
             # Stopped by SIGTERM after a checkpoint (scancel, or a preemption SLURM requeues by itself): leave
             # no result behind, so the launcher waits for a requeued job instead of taking this as the end.
@@ -204,4 +216,5 @@ class SlurmSweepLauncher(SlurmLauncher):
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on USR2: resubmit this same job; it resumes from the run's newest checkpoint."""
         print("[sweep] requeueing this job; it resumes from the run's newest checkpoint", flush=True)
+        self.requeued = True  # reset when the requeued job starts (`__call__`)
         return super().checkpoint(*args, **kwargs)

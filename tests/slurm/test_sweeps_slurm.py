@@ -75,7 +75,8 @@ def test_sweep_runs_through_slurm_then_skips_complete_runs_and_resubmits_a_missi
     assert redone["status"] == "complete" and redone["train"]["losses"] == lora1["train"]["losses"]
 
 
-def test_usr2_requeues_the_job_which_resumes_to_the_uninterrupted_result(cluster, overrides, tmp_path):
+def test_usr2_requeues_the_job_which_resumes_to_the_uninterrupted_result_and_w_and_b_run(cluster, overrides,
+                                                                                        tmp_path):
     slow = {"train.steps": "40", "train.checkpoint_every": "3"}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
@@ -83,7 +84,8 @@ def test_usr2_requeues_the_job_which_resumes_to_the_uninterrupted_result(cluster
     straight = subprocess.Popen([sys.executable, "run.py", "method=lora", *overrides(tmp_path / "straight", **slow)],
                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "run.py", "-m", "method=lora", SLURM, *overrides(runs, **slow)],
+    proc = subprocess.Popen([sys.executable, "run.py", "-m", "method=lora", "logger=wandb", SLURM,
+                             *overrides(runs, **slow)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 240
@@ -128,6 +130,9 @@ def test_usr2_requeues_the_job_which_resumes_to_the_uninterrupted_result(cluster
     assert resumed["train"]["losses"] == pytest.approx(reference["train"]["losses"], rel=1e-6)
     assert resumed["train"]["final_loss"] == pytest.approx(reference["train"]["final_loss"], rel=1e-6)
     assert resumed["metrics"]["retained_kl_mean"] == pytest.approx(reference["metrics"]["retained_kl_mean"], rel=1e-5)
+    # Both attempts logged to the same (offline) W&B run: its id is the run id.
+    attempts = sorted((runs / resumed["run_id"] / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and all(p.name.endswith(f"-{resumed['run_id']}") for p in attempts), attempts
     assert [state for state, _ in summary_rows(out).values()] == ["done"]
 
 
