@@ -81,10 +81,9 @@ class PlannedRun:
     run_id: str
     run_dir: str
     config: Optional[DictConfig] = field(default=None, repr=False)  # composed, hydra node included
-    state: Optional[str] = None  # SKIPPED or QUEUED before launch; None: to launch
+    state: Optional[str] = None  # before launch: SKIPPED, DUPLICATE or QUEUED, or None (to launch)
     reason: str = ""
     slurm_job_id: Optional[str] = None
-
 
 
 def short_labels(overrides: Sequence[Sequence[str]], limit: int = 160) -> list[str]:
