@@ -25,7 +25,6 @@ does not even load the base.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from experiments import prompts as P
+from experiments.disk_cache import exclusive_lock, is_complete
 from experiments.evaluation.config import EvalConfig
 from experiments.evaluation.generation import encode_prompts, generate, pad_token_id
 from experiments.evaluation.retained_kl import LOGPROB_TORCH_DTYPES, CachedLogprobs, cache_logprobs
@@ -245,28 +245,15 @@ def get_reference(
     t0 = time.perf_counter()
     if _complete(path, key):
         return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=0.0, t0=t0)
-    lock_path = path.parent / f"{path.name}.lock"
-    with open(lock_path, "a+") as lock_file:
-        t_lock = time.perf_counter()
-        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
-        lock_wait_s = time.perf_counter() - t_lock
-        try:
-            if _complete(path, key):  # another process built it while we waited
-                return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=lock_wait_s, t0=time.perf_counter())
-            _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path, progress)
-        finally:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+    with exclusive_lock(path.parent / f"{path.name}.lock") as lock_wait_s:
+        if _complete(path, key):  # another process built it while we waited
+            return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=lock_wait_s, t0=time.perf_counter())
+        _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path, progress)
     return _load(path, key, benchmark, cfg, hit=False, lock_wait_s=lock_wait_s, t0=time.perf_counter())
 
 
 def _complete(path: Path, key: str) -> bool:
-    manifest = path / "manifest.json"
-    if not manifest.is_file():
-        return False
-    try:
-        return json.loads(manifest.read_text())["key"] == key
-    except (OSError, ValueError, KeyError):
-        return False
+    return is_complete(path, key)
 
 
 def _choose_mode(vocab: int, n_tokens: int, cfg: EvalConfig) -> str:
