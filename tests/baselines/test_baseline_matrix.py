@@ -17,7 +17,6 @@ from tests.baselines.baseline_helpers import (
     fresh_base,
     logits_of,
     prepared,
-    retained_batch,
     sft_loss,
     target_batch,
 )

@@ -11,7 +11,7 @@ from baselines.inflora import InfLoRA, complement_down_projection
 from experiments.activations import collect_inputs, discover_sites
 from experiments.methods import MethodConfigError
 from experiments.train import train
-from tests.baselines.baseline_helpers import fresh_base, logits_of, method_from_conf, prepared, retained_batch
+from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
 
 
 def orthogonal_columns(n, scales, seed=0):
@@ -66,8 +66,9 @@ def test_init_is_the_base_and_only_b_trains(tiny, tmp_path):
 
 def test_update_keeps_retained_inputs_unchanged_after_training(tiny, tmp_path):
     base = fresh_base(tiny)
-    retained_seqs = [pair_example(p) for p in calibration_pairs(tiny.reference)]
-    target_seqs = target_examples(_ctx_like(tiny), 96, None, 0)
+    # The sequences InfLoRA builds its subspaces from (same cut at the run's max length, 96).
+    retained_seqs = [pair_example(p) for p in calibration_pairs(tiny.reference, 96)]
+    target_seqs = target_examples(run_context(tiny, tmp_path), 96, None, 0)
     sites, x_ret = inputs_per_site(tiny, base, retained_seqs)
     _, x_tgt = inputs_per_site(tiny, base, target_seqs)
 
@@ -100,9 +101,3 @@ def test_update_keeps_retained_inputs_unchanged_after_training(tiny, tmp_path):
     # On this random tiny model code and retained inputs share most directions (the target keeps only a few
     # per cent of its energy outside the retained subspace), so against the target the gap is smaller.
     assert stats["inflora"]["ratio"] < 0.75 * stats["lora"]["ratio"]
-
-
-def _ctx_like(tiny):
-    from tests.baselines.baseline_helpers import run_context
-
-    return run_context(tiny, "/nonexistent")
