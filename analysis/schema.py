@@ -161,8 +161,9 @@ def _validate_complete(record: dict) -> Optional[str]:
         if not isinstance(cost, dict):
             return f"'cost' is {_type_name(cost)}, expected object"
         for key, value in cost.items():
-            if value is not None and not _is_number(value):
-                return f"'cost.{key}' is {_type_name(value)}, expected a number"
+            # Costs are numbers; a method may add boolean flags (e.g. a statistics cache hit).
+            if value is not None and not _is_number(value) and not isinstance(value, bool):
+                return f"'cost.{key}' is {_type_name(value)}, expected a number or a boolean flag"
     train = record.get("train")
     if train is not None and not isinstance(train, dict):
         return f"'train' is {_type_name(train)}, expected object or null"

@@ -219,3 +219,17 @@ def test_collect_cli(tmp_path, capsys):
     assert len(pd.read_csv(out)) == 1 and len(pd.read_csv(tmp_path / "s.csv")) == 1
     assert main(["collect"]) == 2
     assert main(["collect", str(tmp_path / "missing")]) == 2
+
+
+def test_boolean_cost_flags_are_accepted_but_not_strings(tmp_path):
+    flagged = record("ewc", 0, 0.4, cost={"train_seconds": 10.0})
+    flagged["cost"]["fisher_cache_hit"] = True
+    worded = record("ewc", 1, 0.4, cost={"train_seconds": 10.0})
+    worded["cost"]["train_seconds"] = "fast"
+    write(tmp_path, flagged)
+    write(tmp_path, worded)
+    result = collect([tmp_path])
+    assert list(result.table["run_id"]) == [flagged["run_id"]]
+    assert "cost/fisher_cache_hit" not in result.table.columns
+    (skip,) = [s for s in result.skipped if s.run_id == worded["run_id"]]
+    assert "'cost.train_seconds' is" in skip.reason
