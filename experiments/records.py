@@ -39,7 +39,6 @@ PRESENTATION_KEYS = (
     "train.log_every",
     "train.num_threads",
     "eval.cache_dir",
-    "eval.progress",
     "eval.sandbox_workers",
 )
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
