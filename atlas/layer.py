@@ -71,7 +71,10 @@ class AtlasLinear(nn.Module):
         for p in self.base.parameters():
             p.requires_grad_(False)
         self.site = site
-        dtype, device = base.weight.dtype, base.weight.device
+        # Half-precision backbones keep the trainable factors in float32 (as peft does for LoRA),
+        # so optimizer updates are not lost to bf16 rounding; the residual is added back in x's dtype.
+        dtype = torch.float32 if base.weight.dtype in (torch.bfloat16, torch.float16) else base.weight.dtype
+        device = base.weight.device
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=dtype, device=device))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=dtype, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # LoRA's init: the model equals the base at step 0
@@ -93,7 +96,7 @@ class AtlasLinear(nn.Module):
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         """s * g(x) * B A Pi(x) x for inputs (..., d_in), without forming d x d matrices."""
         gate, weights, coords, _ = self.site.condition(x)
-        flat = x.reshape(-1, x.shape[-1])
+        flat = x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype)
         ax = flat @ self.lora_A.T  # (n, r)
         if coords is not None:
             # A Pi x = A x - sum_k w_k (A U_k)(U_k^T x)
@@ -102,7 +105,7 @@ class AtlasLinear(nn.Module):
         out = (ax @ self.lora_B.T) * (self.scaling * self.scale_factor)
         if gate is not None:
             out = out * gate.to(out.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.residual(x)

@@ -208,3 +208,21 @@ def test_scale_zero_is_the_base(tiny_backbone_dir, tmp_path):
     assert not torch.allclose(model(**b).logits, base(**b).logits)
     method.scale(model, 0.0)
     torch.testing.assert_close(model(**b).logits, base(**b).logits)
+
+
+def test_bf16_backbone_trains_float32_factors(tiny_backbone_dir, tmp_path):
+    seed_everything(0)
+    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
+                         {"name": "tiny", "path": str(tiny_backbone_dir), "target_modules": TARGETS, "dtype": "bfloat16"})
+    model, tok = load_backbone(bb)
+    method = ATLAS(num_centers=4, max_tokens=400, filter_rank=4)
+    model = method.prepare(model, context(tiny_backbone_dir, tmp_path, tok, bb))
+    layers = [m for m in model.modules() if isinstance(m, AtlasLinear)]
+    assert all(m.lora_A.dtype == torch.float32 and m.base.weight.dtype == torch.bfloat16 for m in layers)
+    with torch.no_grad():
+        for m in layers:
+            m.lora_B.normal_(0, 0.1)
+    out = model(**batch(tok))
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(m.lora_A.grad is not None and torch.isfinite(m.lora_A.grad).all() for m in layers)
