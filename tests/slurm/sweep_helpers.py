@@ -50,8 +50,9 @@ def records_under(root: Path) -> dict[str, dict]:
     return out
 
 
-def sacct(job_id: str, duplicates: bool = False, wait_final_s: float = 30.0) -> list[dict]:
-    """sacct rows (JobID, State, ExitCode, Elapsed) of a job or array; waits until none is still running."""
+def sacct(job_id: str, duplicates: bool = False, wait_final_s: float = 30.0, min_rows: int = 1) -> list[dict]:
+    """sacct rows (JobID, State, ExitCode, Elapsed) of a job or array; waits (bounded) until at least
+    `min_rows` are recorded and none is still running: the accounting daemon can lag a finished task."""
     cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,JobName,State,ExitCode,Elapsed", "-j", job_id]
     if duplicates:
         cmd.insert(1, "-D")
@@ -60,7 +61,7 @@ def sacct(job_id: str, duplicates: bool = False, wait_final_s: float = 30.0) -> 
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
         rows = [dict(zip(("JobID", "JobName", "State", "ExitCode", "Elapsed"), line.split("|")))
                 for line in out.splitlines() if line.strip()]
-        if rows and not any(r["State"] in ("PENDING", "RUNNING", "COMPLETING") for r in rows):
+        if len(rows) >= min_rows and not any(r["State"] in ("PENDING", "RUNNING", "COMPLETING") for r in rows):
             return rows
         if time.time() > deadline:
             return rows

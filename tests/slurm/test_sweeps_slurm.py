@@ -34,7 +34,7 @@ def test_sweep_runs_through_slurm_then_skips_complete_runs_and_resubmits_a_missi
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "[sweep] 4 run(s): 4 to submit" in first.stdout, sweep_lines(first.stdout)
     array = submitted_job(first.stdout)
-    rows = sacct(array)
+    rows = sacct(array, min_rows=4)
     print(format_sacct(rows))
     assert sorted(r["JobID"] for r in rows) == [f"{array}_{i}" for i in range(4)], rows
     assert all(r["State"] == "COMPLETED" and r["ExitCode"] == "0:0" for r in rows), rows
@@ -151,7 +151,7 @@ def test_a_raising_job_is_recorded_failed_named_by_the_summary_and_resubmitted(c
     assert failed["error"]["type"] == "RuntimeError" and failed["error"]["message"] == "boom at step 2"
     assert "Traceback" in failed["error"]["traceback"] and "after_step" in failed["error"]["traceback"]
     array = submitted_job(first.stdout)
-    acct = sacct(array)
+    acct = sacct(array, min_rows=2)
     print(format_sacct(acct))
     assert sorted(r["State"] for r in acct) == ["COMPLETED", "FAILED"], acct
 
