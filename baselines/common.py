@@ -92,10 +92,10 @@ def pair_example(pair: CalibrationPair) -> dict[str, list[int]]:
 
 
 def labelled_calibration_examples(ctx: RunContext, max_length: int) -> list[dict[str, list[int]]]:
-    """Calibration items of every retained domain with their gold answers, templated as everywhere else."""
+    """Calibration items of every protected retained domain with their gold answers, templated as everywhere else."""
     chat = bool(cfg_get(ctx.cfg, "backbone.chat_template", False))
     out = []
-    for name in sorted(ctx.benchmark.retained):
+    for name in ctx.benchmark.protected:
         dom = ctx.benchmark.retained[name]
         for item in dom.calibration:
             prompt = P.apply_template(ctx.tokenizer, P.retained_prompt(dom.kind, item), chat)

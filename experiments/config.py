@@ -79,6 +79,10 @@ class BenchmarkConfig:
     seed: int = 1234
     target: TargetSpec = MISSING
     retained: Dict[str, RetainedSpec] = field(default_factory=dict)
+    # The retained domains whose calibration data the methods may use (null = all). Evaluation
+    # always measures every retained domain, so a run protecting only math shows what happens
+    # to the unprotected ones.
+    protect: Optional[List[str]] = None
 
 
 @dataclass
@@ -222,6 +226,11 @@ def validate_config(cfg: DictConfig) -> DictConfig:
             _fail(f"benchmark.retained.{name}.kind", spec.kind, f"one of {list(RETAINED_KINDS)}")
         for part in ("calibration", "evaluation"):
             _positive(f"benchmark.retained.{name}.{part}.max_items", spec[part].max_items)
+    if bm.protect is not None:
+        unknown = [d for d in bm.protect if d not in bm.retained]
+        if unknown or not bm.protect or len(set(bm.protect)) != len(bm.protect):
+            _fail("benchmark.protect", list(bm.protect),
+                  f"null or a non-empty list of distinct retained domains from {sorted(bm.retained)}")
     try:
         OmegaConf.to_object(typed.eval).validate()
     except ValueError as exc:

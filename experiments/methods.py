@@ -16,6 +16,7 @@ A method is a small class; `experiments.train.train` calls its hooks in this ord
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -46,8 +47,22 @@ class RunContext:
         if self.reference_fn is None:
             raise RuntimeError("this run has no reference cache available")
         if "reference" not in self.extras:
-            self.extras["reference"] = self.reference_fn()
+            self.extras["reference"] = protected_view(self.reference_fn(), self.benchmark)
         return self.extras["reference"]
+
+
+def protected_view(reference: Any, benchmark: Any) -> Any:
+    """The reference cache as methods see it: only the domains `benchmark.protect` names.
+
+    The view's key gains the protected domains, so statistics cached under it (EWC's Fisher) never
+    mix runs that protect different domains. Evaluation reads the full cache, not this view.
+    """
+    protect = getattr(benchmark, "protect", None)
+    if protect is None or not hasattr(reference, "domains"):
+        return reference
+    names = sorted(protect)
+    return dataclasses.replace(reference, key=f"{reference.key}/protect={','.join(names)}",
+                               domains={n: reference.domains[n] for n in names})
 
 
 class Method:

@@ -35,6 +35,12 @@ class Benchmark:
     target_train: list[dict]
     target_eval: list[dict]
     retained: dict[str, RetainedDomain] = field(default_factory=dict)
+    protect: Optional[list[str]] = None  # retained domains methods may calibrate on; None = all
+
+    @property
+    def protected(self) -> list[str]:
+        """Names of the retained domains whose calibration data methods may use, sorted."""
+        return sorted(self.retained if self.protect is None else self.protect)
 
 
 def resolve_source(spec, data_root: Optional[str]) -> tuple[str, Optional[str]]:
@@ -88,4 +94,5 @@ def build_benchmark(cfg) -> Benchmark:
         calibration = load_split(spec, spec.calibration, root, cfg.seed)
         evaluation = load_split(spec, spec.evaluation, root, cfg.seed + 1)
         retained[name] = RetainedDomain(name, spec.kind, calibration, evaluation)
-    return Benchmark(cfg.name, train, target_eval, retained)
+    protect = cfg.get("protect") if hasattr(cfg, "get") else getattr(cfg, "protect", None)
+    return Benchmark(cfg.name, train, target_eval, retained, None if protect is None else list(protect))

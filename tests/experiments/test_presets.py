@@ -1,0 +1,122 @@
+"""The paper's experiments as presets (conf/experiment/*.yaml): each composes, and its multirun expands,
+exactly as `python run.py -m +experiment=NAME` would, into the expected set of valid, distinct runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from experiments.config import validate_config
+from experiments.job import run_id_for
+from tests.conftest import REPO, run_cli
+
+CONF = REPO / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+POINTS = sorted(p.stem for p in (CONF / "point").glob("*.yaml"))
+SEVEN = ("lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
+ABLATIONS = ("atlas", "atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_random", "atlas_target")
+FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
+# preset -> number of jobs its multirun expands into
+EXPECTED_JOBS = {
+    "paper_main": 37 * 3, "paper_backbones": 5 * 37 * 3, "paper_retained": 32 * 2 * 3, "paper_ablations": 6 * 3 * 3,
+    "micro_main": 18 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
+}
+
+
+def expand(preset: str, *extra: str) -> list[list[str]]:
+    """The per-job override lists of `python run.py -m +experiment=PRESET EXTRA...`.
+
+    Mirrors Hydra's basic sweeper: the preset's `hydra.sweeper.params` and the command line are parsed
+    with a config loader (so `glob(...)` lists the group's options) and split into a cartesian product.
+    """
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        hydra_cfg = compose("config", overrides=[f"+experiment={preset}", *extra], return_hydra_config=True)
+    params = [f"{k}={v}" for k, v in hydra_cfg.hydra.sweeper.params.items()]
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([f"+experiment={preset}", *extra, *params])
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def jobs_of(preset: str, seed: int | None = None) -> list:
+    """The validated configs of a preset's jobs (only those of `seed` when given)."""
+    jobs = [j for j in expand(preset) if seed is None or f"seed={seed}" in j]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return [validate_config(compose("config", overrides=job)) for job in jobs]
+
+
+def test_every_preset_has_a_micro_twin_and_a_count():
+    paper = {p for p in PRESETS if p.startswith("paper_")}
+    assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations"}
+    assert {p.replace("paper_", "micro_") for p in paper} <= set(PRESETS)
+    assert set(PRESETS) == set(EXPECTED_JOBS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_composes_on_the_command_line(preset):
+    proc = run_cli([f"+experiment={preset}", "--cfg", "job"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "backbone:" in proc.stdout and "method:" in proc.stdout
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_multirun_expands_to_distinct_valid_runs(preset):
+    jobs = expand(preset)
+    assert len(jobs) == EXPECTED_JOBS[preset]
+    seeds = Counter(o for job in jobs for o in job if o.startswith("seed="))
+    assert seeds == {f"seed={s}": len(jobs) // 3 for s in (0, 1, 2)}
+    # Seeds change nothing else, so seed 0's jobs stand for the rest (and keep the test fast).
+    cfgs = jobs_of(preset, seed=0)
+    assert len(cfgs) == len(jobs) // 3 and all(c.seed == 0 for c in cfgs)
+    ids = [run_id_for(c) for c in cfgs]
+    assert len(set(ids)) == len(ids), "two jobs of one preset would share a run directory"
+    micro = preset.startswith("micro_")
+    assert {c.backbone.name for c in cfgs} == ({"micro"} if micro else set(FIVE) if preset == "paper_backbones"
+                                                else {"qwen3-8b"})
+    methods = Counter(c.method.name for c in cfgs)
+    if preset.endswith("_main") or preset.endswith("_backbones"):
+        assert set(methods) == {"base", "atlas", *SEVEN}
+    if preset.endswith("_ablations"):
+        assert set(methods) == set(ABLATIONS) and len(set(methods.values())) == 1
+    if preset.endswith("_retained"):
+        assert set(methods) == {"atlas", *SEVEN} - {"lora"}
+        assert Counter(tuple(c.benchmark.protect) for c in cfgs) == {("math",): len(cfgs) // 2,
+                                                                     ("commonsense",): len(cfgs) // 2}
+    else:
+        assert all(c.benchmark.protect is None for c in cfgs)
+    if not micro:
+        assert all(c.train.lr == 2.0e-4 for c in cfgs)
+
+
+def test_main_presets_sweep_each_method_knob():
+    """Every trained method has at least two sweep points in the main presets; ATLAS's knob is gate_quantile."""
+    for preset, n_atlas in (("micro_main", 3), ("paper_main", 4)):
+        per_method: dict = {}
+        for c in jobs_of(preset, seed=0):
+            per_method.setdefault(c.method.name, []).append(c)
+        assert len(per_method["base"]) == 1
+        assert sorted(c.method.gate_quantile for c in per_method["atlas"]) == sorted(
+            {c.method.gate_quantile for c in per_method["atlas"]}) and len(per_method["atlas"]) == n_atlas
+        for name in SEVEN:
+            assert len(per_method[name]) >= 2, name
+
+
+def test_default_points_are_the_plain_method_runs():
+    """A point at a method's defaults is the same run (same id) as `run.py method=NAME`, so presets share runs."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for point, method in (("micro_atlas_q90", "atlas"), ("micro_lora_s300", "lora"), ("micro_base", "base")):
+            via_point = validate_config(compose("config", overrides=[f"+point={point}", "seed=1"]))
+            plain = validate_config(compose("config", overrides=[f"method={method}", "seed=1"]))
+            assert run_id_for(via_point) == run_id_for(plain), point
+
+
+def test_every_point_is_used_by_a_main_preset():
+    used = {job_point for preset in ("micro_main", "paper_main")
+            for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
+    assert used == set(POINTS)
