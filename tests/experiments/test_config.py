@@ -41,6 +41,13 @@ def test_benchmark_override_beats_the_backbone_default():
     assert composed("backbone=qwen3-8b", "benchmark=micro").benchmark.name == "micro"
 
 
+def test_eval_settings_follow_the_backbone_and_can_be_overridden():
+    assert composed().eval.max_new_tokens_math == 96
+    assert composed("backbone=qwen3-8b").eval.max_new_tokens_math == 384
+    assert composed("backbone=qwen3-8b", "eval=micro").eval.max_new_tokens_math == 96
+    assert composed("backbone=qwen3-8b", "eval.max_new_tokens_code=7").eval.max_new_tokens_code == 7
+
+
 def sweep_jobs(*args):
     """The per-job override lists Hydra's basic sweeper expands a `-m` command line into."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper

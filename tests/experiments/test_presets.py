@@ -90,8 +90,12 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
                                                                      ("commonsense",): len(cfgs) // 2}
     else:
         assert all(c.benchmark.protect is None for c in cfgs)
-    if not micro:
-        assert all(c.train.lr == 2.0e-4 for c in cfgs)
+    if micro:
+        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == 1.0e-3 for c in cfgs)
+    else:  # the real backbones' training and generation lengths (conf/train/paper.yaml, conf/eval/paper.yaml)
+        assert all(c.train.lr == 2.0e-4 and c.eval.max_new_tokens_code == 512 and c.eval.max_new_tokens_math == 384
+                   for c in cfgs)
+        assert all(c.backbone.dtype == "bfloat16" for c in cfgs)
 
 
 def test_main_presets_sweep_each_method_knob():
