@@ -145,6 +145,19 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
                   file=sys.stderr, flush=True)
 
 
+def required_scales(typed: Any) -> list[float]:
+    """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
+    method that does not train (the base model is the same at every scale)."""
+    from hydra.utils import get_class
+
+    target = typed.method.get("_target_") if hasattr(typed.method, "get") else None
+    try:
+        trains = bool(getattr(get_class(target), "trains", True)) if target else True
+    except Exception:
+        trains = True  # build_method reports an unimportable target with its own message
+    return records.extra_scales(typed.eval.scales) if trains else []
+
+
 def _started(base_record: dict) -> datetime:
     return datetime.fromisoformat(base_record["started"])
 
@@ -155,7 +168,7 @@ def run(cfg: DictConfig) -> dict:
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = records.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
-    if records.is_complete(run_dir, run_id):
+    if records.is_complete(run_dir, run_id, required_scales(typed)):
         print(f"[run] {run_id}: complete record in {run_dir}; skipped (nothing to do)", flush=True)
         return records.read_record(run_dir)
 
@@ -236,12 +249,41 @@ def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, st
     stored_bytes = method.export(model, run_dir / "export")
 
     model.eval()
-    t_eval = time.perf_counter()
     base = model if not method.trains else base_model
-    metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
-    eval_seconds = time.perf_counter() - t_eval
+    scales = records.extra_scales(eval_cfg.scales) if method.trains else []
+    # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
+    # complete record.json means every requested scale is there too.
+    for alpha in scales:
+        out = records.scale_dir(run_dir, alpha)
+        scaled_id = records.scale_run_id(run_id, alpha)
+        if records.is_complete(out, scaled_id):
+            print(f"[run] {run_id}: scale {records.scale_label(alpha)} already evaluated", flush=True)
+            continue
+        print(f"[run] {run_id}: evaluating at post-hoc scale {records.scale_label(alpha)}", flush=True)
+        method.scale(model, alpha)
+        t_eval = time.perf_counter()
+        metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
+        scaled = _complete_record({**base_record, "run_id": scaled_id, "scale": alpha, "train_run_id": run_id},
+                                  metrics, result, summary, stored_bytes, time.perf_counter() - t_eval, method, device,
+                                  started)
+        records.atomic_write_json(out / records.RECORD_NAME, scaled)
+        logger.summary({f"scale/{records.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
+    if scales:
+        method.scale(model, 1.0)
 
-    record = {
+    t_eval = time.perf_counter()
+    metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
+    record = _complete_record({**base_record, "scale": 1.0} if scales else base_record, metrics, result, summary,
+                              stored_bytes, time.perf_counter() - t_eval, method, device, started)
+    records.atomic_write_json(run_dir / records.RECORD_NAME, record)
+    logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
+    print(f"[run] {run_id}: complete; record {run_dir / records.RECORD_NAME}", flush=True)
+    return record
+
+
+def _complete_record(base_record, metrics, result, summary, stored_bytes, eval_seconds, method, device, started) -> dict:
+    """A complete result record from the evaluation metrics and the run's training outcome and costs."""
+    return {
         **base_record,
         "status": records.STATUS_COMPLETE,
         "metrics": {k: v for k, v in metrics.items() if k != "timing"},
@@ -265,7 +307,3 @@ def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, st
         "timing": metrics.get("timing", {}),
         "provenance": records.provenance(started),
     }
-    records.atomic_write_json(run_dir / records.RECORD_NAME, record)
-    logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
-    print(f"[run] {run_id}: complete; record {run_dir / records.RECORD_NAME}", flush=True)
-    return record

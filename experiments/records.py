@@ -40,7 +40,9 @@ PRESENTATION_KEYS = (
     "train.num_threads",
     "eval.cache_dir",
     "eval.sandbox_workers",
+    "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
 )
+SCALES_DIR = "scales"
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 
@@ -92,10 +94,37 @@ def read_record(run_dir: Path) -> Optional[dict]:
         return None
 
 
-def is_complete(run_dir: Path, run_id: str) -> bool:
-    """True when `run_dir` holds a complete record for exactly this run id."""
+def scale_label(alpha: float) -> str:
+    """How a post-hoc scale appears in folder names and run ids: `0.5`, `1`, `0.25`."""
+    return f"{float(alpha):g}"
+
+
+def scale_run_id(run_id: str, alpha: float) -> str:
+    """The run id of the record of training run `run_id` evaluated at post-hoc scale `alpha`."""
+    return f"{run_id}@{scale_label(alpha)}"
+
+
+def scale_dir(run_dir: Path, alpha: float) -> Path:
+    """Where the record of a run at post-hoc scale `alpha` (other than 1) lives: <run_dir>/scales/<alpha>/."""
+    return Path(run_dir) / SCALES_DIR / scale_label(alpha)
+
+
+def extra_scales(scales: Any) -> list[float]:
+    """The scales besides 1.0 (the run's own record) that need their own record, sorted."""
+    return sorted({float(a) for a in (scales or ()) if float(a) != 1.0})
+
+
+def is_complete(run_dir: Path, run_id: str, scales: Any = ()) -> bool:
+    """True when `run_dir` holds a complete record for exactly this run id, and one for every
+    post-hoc scale in `scales` (1.0 is the run's own record)."""
     record = read_record(run_dir)
-    return bool(record) and record.get("status") == STATUS_COMPLETE and record.get("run_id") == run_id
+    if not (record and record.get("status") == STATUS_COMPLETE and record.get("run_id") == run_id):
+        return False
+    for alpha in extra_scales(scales):
+        scaled = read_record(scale_dir(run_dir, alpha))
+        if not (scaled and scaled.get("status") == STATUS_COMPLETE and scaled.get("run_id") == scale_run_id(run_id, alpha)):
+            return False
+    return True
 
 
 def _git(*args: str) -> Optional[str]:

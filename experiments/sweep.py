@@ -104,7 +104,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
     Raises ConfigError naming each job whose config is invalid (nothing has been launched then).
     """
     from experiments.config import ConfigError
-    from experiments.job import USER_ERRORS, typed_config
+    from experiments.job import USER_ERRORS, required_scales, typed_config
 
     ensure_run_id_resolver()
     plan, errors = [], []
@@ -134,11 +134,12 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
             cfg.hydra.sweep.subdir = subdir
         run_dir = Path(sweep_dir) / subdir
         run = PlannedRun(index, list(overrides), run_id, str(run_dir), cfg)
+        scales = required_scales(typed)
         first = next((p for p in plan if p.run_dir == run.run_dir), None)
         if first is not None:
             # Overrides that do not change the science (logger, progress, ...) give the same run: run it once.
             run.state, run.reason = DUPLICATE, f"same run (id and directory) as job #{first.index}"
-        elif records.is_complete(run_dir, run_id):
+        elif records.is_complete(run_dir, run_id, scales):
             run.state, run.reason = SKIPPED, "complete record before launch"
         plan.append(run)
     if errors:

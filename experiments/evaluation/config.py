@@ -54,6 +54,11 @@ class EvalConfig:
     sample_seed: int = 0
     max_target_problems: Optional[int] = None
 
+    # Post-hoc interpolation toward the base (WiSE-FT): a trained run is also evaluated at these
+    # scales alpha of its update, W0 + alpha * Delta, one record each (1.0 is the run's own record).
+    # Not part of the run id: adding scales to a finished run evaluates only the missing ones.
+    scales: List[float] = field(default_factory=lambda: [1.0])
+
     # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
     sandbox_timeout_s: float = 10.0  # wall-clock limit per program
     sandbox_cpu_seconds: int = 10
@@ -119,6 +124,10 @@ class EvalConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 _fail(name, value, "null or an integer >= 1")
+        scales = list(self.scales)
+        if (not scales or len(set(scales)) != len(scales)
+                or any(isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 10.0 for a in scales)):
+            _fail("scales", scales, "a non-empty list of distinct numbers in [0, 10]")
         tasks = list(self.lm_eval_tasks)
         if any(not isinstance(t, str) or not t.strip() for t in tasks):
             _fail("lm_eval_tasks", tasks, "a list of non-empty task names")
