@@ -1,5 +1,6 @@
 """What the LoRA-based baselines share: retained calibration data, deterministic per-step draws,
-per-module access to peft's LoRA layers, site input statistics, and reloading an exported adapter.
+per-module access to peft's LoRA layers, site input statistics, reloading an exported adapter, and
+`ResidualLoRA`, the LoRA whose initial factors are carved out of W0 (PiSSA, MiLoRA, LoRA-Null).
 
 Every method reads retained data only from the calibration split: the base model's own responses
 (and log-probabilities) from the reference cache, or the benchmark's calibration items.
@@ -8,12 +9,15 @@ Every method reads retained data only from the calibration split: the base model
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
 
+from baselines.lora import LoRA
 from experiments import prompts as P
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.methods import RunContext
@@ -215,3 +219,109 @@ def load_or_build_site_tensors(
               metadata={"sites": json.dumps(sites)})
     tmp.replace(path)
     return tensors, sites, False
+
+
+# -- LoRA with a residual base weight -----------------------------------------------------------
+def set_residual_init(layer: torch.nn.Module, b0: torch.Tensor, a0: torch.Tensor, adapter: str = "default") -> None:
+    """Give a peft LoRA layer the factors (B0, A0) and the base weight W_res = W0 - s B0 A0 (W0 = its current base
+    weight), so that W_res + s B0 A0 = W0 and the layer's output is unchanged.
+
+    The product is taken in float32 from the factors as the layer stores them, then cast to the base dtype.
+    """
+    weight = layer.get_base_layer().weight
+    a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+    with torch.no_grad():
+        a.copy_(a0.to(a.device, a.dtype))
+        b.copy_(b0.to(b.device, b.dtype))
+        residual = weight.float() - layer.scaling[adapter] * (b.float() @ a.float()).to(weight.device)
+        weight.copy_(residual.to(weight.dtype))
+
+
+def adapter_bytes(out_dir: Path) -> int:
+    """Bytes of the adapter tensors peft's `save_pretrained` wrote into `out_dir`."""
+    return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
+
+
+class ResidualLoRA(LoRA):
+    """peft LoRA whose initial factors (B0, A0) are taken out of the base weight: W_res = W0 - s B0 A0, so
+    h = W_res x + s B A x is the base at init and training starts from B = B0, A = A0.
+
+    The trained model is W0 + D with the converted update D = s (B A - B0 A0). Subclasses build the
+    factors in `prepare` (by peft's own initialisation or with `set_residual_init`) and then call
+    `remember_init`, which keeps (B0, A0) and saves the initial adapter for peft's conversion.
+
+    Post-hoc scale against the TRUE W0: `scale(alpha)` gives W0 + alpha D by setting the LoRA scale to
+    alpha * s and the base weight to W_res + (1 - alpha) s B0 A0. W_res itself is kept (a copy on the
+    host, taken at the first scale away from 1), so every scale is one rounding away from exact and
+    `scale(1)` restores the trained base weights bit for bit.
+
+    Export: peft's conversion (`save_pretrained(..., path_initial_model_for_weight_conversion=...)`) writes
+    D as a plain rank-2r LoRA ([B | B0], [A ; -A0], alpha doubled) that loads onto the unmodified base.
+    """
+
+    init_dir_name = "lora_init"
+
+    def __init__(self, name: str, **lora_hparams) -> None:
+        super().__init__(name, **lora_hparams)
+        self.init_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (B0, A0)
+        self.init_dir: Optional[Path] = None
+        self.alpha_now = 1.0
+        self._trained_base: Optional[dict[str, torch.Tensor]] = None  # module -> W_res while scaled away from 1
+        self._costs: dict = {}
+
+    def remember_init(self, model: torch.nn.Module, run_dir: Path, save_adapter: bool = True) -> None:
+        """Keep every layer's (B0, A0); with `save_adapter`, save the initial adapter into the run folder."""
+        self.init_factors = {n: (m.lora_B["default"].weight.detach().clone(), m.lora_A["default"].weight.detach().clone())
+                             for n, m in lora_layers(model).items()}
+        self.alpha_now, self._trained_base = 1.0, None
+        self.init_dir = None
+        if save_adapter:
+            self.init_dir = Path(run_dir) / self.init_dir_name
+            shutil.rmtree(self.init_dir, ignore_errors=True)
+            model.save_pretrained(str(self.init_dir))
+
+    def check_exportable(self) -> None:
+        if not self.init_factors:
+            raise RuntimeError(f"{self.name}: export before prepare")
+        if self.alpha_now != 1.0:
+            raise RuntimeError(f"{self.name}: export at scale {self.alpha_now}; call scale(model, 1.0) first")
+
+    def export(self, model: torch.nn.Module, out_dir: Path) -> int:
+        """The converted update D = s (B A - B0 A0) as a plain rank-2r LoRA on the true base; returns its bytes."""
+        self.check_exportable()
+        if self.init_dir is None:
+            raise RuntimeError(f"{self.name}: no initial adapter was saved at prepare")
+        import warnings
+
+        with warnings.catch_warnings():
+            # peft warns that a base-rewriting adapter meets a second one: the initial adapter it loads to convert.
+            warnings.filterwarnings("ignore", message=".*changes the base weights of the model.*")
+            model.save_pretrained(str(out_dir), path_initial_model_for_weight_conversion=str(self.init_dir))
+        return adapter_bytes(out_dir)
+
+    def scale(self, model: torch.nn.Module, alpha: float) -> None:
+        """W0 + alpha * s (B A - B0 A0): LoRA scale alpha * s, base weight W_res + (1 - alpha) s B0 A0."""
+        alpha = float(alpha)
+        layers = lora_layers(model)
+        with torch.no_grad():
+            if alpha != 1.0 and self._trained_base is None:
+                self._trained_base = {n: m.get_base_layer().weight.detach().to("cpu", copy=True) for n, m in layers.items()}
+            if self._trained_base is not None:
+                for name, layer in layers.items():
+                    weight = layer.get_base_layer().weight
+                    residual = self._trained_base[name].to(weight.device)
+                    if alpha == 1.0:
+                        weight.copy_(residual)
+                        continue
+                    b0, a0 = self.init_factors[name]
+                    s = layer.lora_alpha["default"] / layer.r["default"]
+                    shift = (1.0 - alpha) * s * (b0.float() @ a0.float()).to(weight.device)
+                    weight.copy_((residual.float() + shift).to(weight.dtype))
+                if alpha == 1.0:
+                    self._trained_base = None
+        LoRA.scale(self, model, alpha)
+        self.alpha_now = alpha
+
+    def costs(self) -> dict:
+        return dict(self._costs)
+

@@ -69,3 +69,44 @@ def randomize_lora_b(model: torch.nn.Module, seed: int = 1, std: float = 0.1) ->
         for layer in lora_layers(model).values():
             w = layer.lora_B["default"].weight
             w.copy_(torch.randn(w.shape, generator=g) * std)
+
+
+def residual_effective_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Module -> W_base + s B A of every LoRA layer (the weight the forward pass uses), float32, detached."""
+    out = {}
+    for name, layer in lora_layers(model).items():
+        a, b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
+        out[name] = (layer.get_base_layer().weight.float() + layer.scaling["default"] * (b @ a)).detach()
+    return out
+
+
+def base_weights(tiny) -> dict[str, torch.Tensor]:
+    """Module -> W0 of every Linear of a freshly loaded base."""
+    return {n: m.weight.detach() for n, m in fresh_base(tiny).named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def assert_scale_interpolates_against_true_w0(tiny, model, method, tmp_path, effective=residual_effective_weights):
+    """After a trained-looking update (random B), scale(alpha) gives W0 + alpha (W_trained - W0) for the TRUE W0,
+    scale 0 is the base, scale 1 the trained model bit for bit, and export refuses a scaled model."""
+    import pytest
+
+    randomize_lora_b(model, std=0.2)
+    w0 = base_weights(tiny)
+    trained = effective(model)
+    batch = retained_batch(tiny)
+    trained_logits = logits_of(model, batch)
+    assert not torch.allclose(trained_logits, logits_of(fresh_base(tiny), batch), atol=1e-3)
+    for alpha in (0.0, 0.5, 0.25, 1.0):
+        method.scale(model, alpha)
+        now = effective(model)
+        assert now.keys() == trained.keys() and len(now) == 14
+        for name, w in now.items():
+            torch.testing.assert_close(w, w0[name] + alpha * (trained[name] - w0[name]), rtol=1e-5, atol=1e-5)
+    method.scale(model, 0.0)
+    torch.testing.assert_close(logits_of(model, batch), logits_of(fresh_base(tiny), batch), rtol=1e-5, atol=1e-5)
+    method.scale(model, 1.0)
+    assert torch.equal(logits_of(model, batch), trained_logits)
+    method.scale(model, 0.5)
+    with pytest.raises(RuntimeError, match="scale"):
+        method.export(model, tmp_path / "export")
+    method.scale(model, 1.0)

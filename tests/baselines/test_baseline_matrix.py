@@ -10,6 +10,7 @@ import torch
 
 from atlas.method import ATLAS
 from baselines.common import load_peft_export
+from baselines.fullft import load_fullft_export
 from experiments.backbones import model_summary
 from experiments.records import RECORD_NAME
 from experiments.train import train
@@ -22,10 +23,13 @@ from tests.baselines.baseline_helpers import (
 )
 from tests.conftest import run_cli, tiny_overrides
 
-METHODS = ["lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "atlas"]
-# CorDA's export is the converted update applied to the true W0 (W_res + s B A before, W0 + D after):
-# the same function, different float32 rounding. Every other export holds exactly the trained tensors.
-EXACT_RELOAD = {m: m != "corda" for m in METHODS}
+METHODS = ["lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "atlas",
+           "milora", "pissa", "dora", "loranull", "fullft"]
+# CorDA, MiLoRA, PiSSA and LoRA-Null rewrite W0 in training (W_res + s B A) and export the converted update for the
+# true W0 (W0 + D): the same function, different float32 rounding. Every other export holds exactly the trained
+# tensors on the unmodified base (DoRA: A, B and the magnitudes; fullft: the adapted weights themselves).
+CONVERTED = {"corda", "milora", "pissa", "loranull"}
+EXACT_RELOAD = {m: m not in CONVERTED for m in METHODS}
 
 
 def reload(name: str, tiny, export_dir):
@@ -33,6 +37,8 @@ def reload(name: str, tiny, export_dir):
     if name == "atlas":
         ATLAS.from_export(base, export_dir)
         return base
+    if name == "fullft":
+        return load_fullft_export(base, export_dir)
     return load_peft_export(base, export_dir)
 
 
@@ -40,7 +46,8 @@ def reload(name: str, tiny, export_dir):
 def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tmp_path):
     model, method, ctx = prepared(tiny, name, tmp_path / "run")
     trainable = model_summary(model)["params_trainable"]
-    assert 0 < trainable < model_summary(model)["params_total"] / 2
+    # Full fine-tuning trains every adapted weight: most of the tiny model (all but embeddings and norms).
+    assert 0 < trainable < model_summary(model)["params_total"] / (1 if name == "fullft" else 2)
     probe = target_batch(tiny)
     base_logits = logits_of(fresh_base(tiny), probe)
     before = sft_loss(model, probe)
@@ -92,3 +99,13 @@ def test_one_cli_sweep_writes_a_complete_record_per_method(tiny_backbone_dir, ti
     assert records["ewc"]["cost"]["fisher_build_seconds"] > 0
     assert records["corda"]["cost"]["covariance_build_seconds"] > 0
     assert records["inflora"]["cost"]["trainable_params"] < records["lora"]["cost"]["trainable_params"]
+    assert records["milora"]["cost"]["svd_seconds"] > 0 and records["pissa"]["cost"]["svd_seconds"] > 0
+    assert records["loranull"]["cost"]["null_space_build_seconds"] > 0
+    assert records["loranull"]["cost"]["trainable_params"] < records["lora"]["cost"]["trainable_params"]
+    assert records["dora"]["cost"]["trainable_params"] > records["lora"]["cost"]["trainable_params"]  # + magnitudes
+    assert records["fullft"]["cost"]["w0_copy_bytes"] > 0
+    assert records["fullft"]["cost"]["trainable_params"] > 2 * records["lora"]["cost"]["trainable_params"]
+    # what is stored: a converted rank-2r LoRA for MiLoRA / PiSSA, a rank-r one for LoRA-Null, whole weights for fullft
+    assert records["milora"]["cost"]["stored_bytes"] > 1.5 * records["lora"]["cost"]["stored_bytes"]
+    assert records["loranull"]["cost"]["stored_bytes"] == records["lora"]["cost"]["stored_bytes"]
+    assert records["fullft"]["cost"]["stored_bytes"] > 4 * records["fullft"]["cost"]["trainable_params"]

@@ -1,5 +1,6 @@
 """A run stopped after a checkpoint and resumed in a fresh process ends exactly where an uninterrupted run does:
-per-step draws (replay, LwF) come from (seed, step), statistics (O-LoRA, InfLoRA, CorDA) from the run folder."""
+per-step draws (replay, LwF) come from (seed, step), statistics (O-LoRA, InfLoRA, CorDA, MiLoRA, LoRA-Null) from the
+run folder, PiSSA's SVD is deterministic, and full fine-tuning checkpoints the adapted weights themselves."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def run(tiny, name, run_dir, steps):
                  pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=3, progress=False)
 
 
-@pytest.mark.parametrize("name", ["replay", "lwf", "olora", "inflora", "corda", "ewc"])
+@pytest.mark.parametrize("name", ["replay", "lwf", "olora", "inflora", "corda", "ewc",
+                                  "milora", "pissa", "dora", "loranull", "fullft"])
 def test_resume_matches_uninterrupted(tiny, tmp_path, name):
     straight = run(tiny, name, tmp_path / "straight", 6)
     run(tiny, name, tmp_path / "stopped", 3)  # stops after its step-3 checkpoint
