@@ -22,7 +22,10 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 EXPECTED_JOBS = {
     "paper_main": 37 * 3, "paper_backbones": 5 * 37 * 3, "paper_retained": 32 * 2 * 3, "paper_ablations": 6 * 3 * 3,
     "micro_main": 18 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
+    "micro_extended": 14,
 }
+SEEDS = {"micro_extended": (0,)}
+EXTENDED = ("milora", "pissa", "dora", "loranull", "fullft")
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
@@ -56,6 +59,7 @@ def test_every_preset_has_a_micro_twin_and_a_count():
     assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations"}
     assert {p.replace("paper_", "micro_") for p in paper} <= set(PRESETS)
     assert set(PRESETS) == set(EXPECTED_JOBS)
+    assert "micro_extended" in PRESETS  # the methods beyond the paper, with WiSE-FT scales
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -70,10 +74,11 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     jobs = expand(preset)
     assert len(jobs) == EXPECTED_JOBS[preset]
     seeds = Counter(o for job in jobs for o in job if o.startswith("seed="))
-    assert seeds == {f"seed={s}": len(jobs) // 3 for s in (0, 1, 2)}
+    expected_seeds = SEEDS.get(preset, (0, 1, 2))
+    assert seeds == {f"seed={s}": len(jobs) // len(expected_seeds) for s in expected_seeds}
     # Seeds change nothing else, so seed 0's jobs stand for the rest (and keep the test fast).
     cfgs = jobs_of(preset, seed=0)
-    assert len(cfgs) == len(jobs) // 3 and all(c.seed == 0 for c in cfgs)
+    assert len(cfgs) == len(jobs) // len(expected_seeds) and all(c.seed == 0 for c in cfgs)
     ids = [run_id_for(c) for c in cfgs]
     assert len(set(ids)) == len(ids), "two jobs of one preset would share a run directory"
     micro = preset.startswith("micro_")
@@ -82,6 +87,10 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     methods = Counter(c.method.name for c in cfgs)
     if preset.endswith("_main") or preset.endswith("_backbones"):
         assert set(methods) == {"base", "atlas", *SEVEN}
+    if preset == "micro_extended":
+        assert sorted(methods.values()) == [1] * 14 and set(methods) == {"base", "atlas", *SEVEN, *EXTENDED}
+        assert all(list(c.eval.scales) == [0.0, 0.25, 0.5, 0.75, 1.0] for c in cfgs)
+        assert next(c for c in cfgs if c.method.name == "fullft").train.lr == 1.0e-4
     if preset.endswith("_ablations"):
         assert set(methods) == set(ABLATIONS) and len(set(methods.values())) == 1
     if preset.endswith("_retained"):
@@ -91,7 +100,8 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     else:
         assert all(c.benchmark.protect is None for c in cfgs)
     if micro:
-        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == 1.0e-3 for c in cfgs)
+        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == (1.0e-4 if c.method.name == "fullft" else 1.0e-3)
+                   for c in cfgs)
     else:  # the real backbones' training and generation lengths (conf/train/paper.yaml, conf/eval/paper.yaml)
         assert all(c.train.lr == 2.0e-4 and c.eval.max_new_tokens_code == 512 and c.eval.max_new_tokens_math == 384
                    for c in cfgs)
@@ -111,6 +121,14 @@ def test_main_presets_sweep_each_method_knob():
             assert len(per_method[name]) >= 2, name
 
 
+def test_extended_preset_reuses_micro_main_runs():
+    """eval.scales is not part of the run id: micro_extended's runs of paper methods are micro_main's seed-0 runs."""
+    main_ids = {run_id_for(c) for c in jobs_of("micro_main", seed=0)}
+    extended = {c.method.name: run_id_for(c) for c in jobs_of("micro_extended", seed=0)}
+    assert {extended[m] for m in ("base", "atlas", *SEVEN)} <= main_ids
+    assert not {extended[m] for m in EXTENDED} & main_ids
+
+
 def test_default_points_are_the_plain_method_runs():
     """A point at a method's defaults is the same run (same id) as `run.py method=NAME`, so presets share runs."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -120,7 +138,7 @@ def test_default_points_are_the_plain_method_runs():
             assert run_id_for(via_point) == run_id_for(plain), point
 
 
-def test_every_point_is_used_by_a_main_preset():
-    used = {job_point for preset in ("micro_main", "paper_main")
+def test_every_point_is_used_by_a_preset():
+    used = {job_point for preset in ("micro_main", "paper_main", "micro_extended")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
