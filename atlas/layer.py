@@ -3,6 +3,22 @@
 Written by hand because no library offers an input-conditioned low-rank residual: peft's LoRA
 layers add s B A x for every input. With gate and filter disabled this layer is exactly LoRA
 (same init, same outputs, same gradients; a test checks it against peft).
+
+How it is computed (METHOD.md section 2). Per site (the modules reading one tensor share it):
+- all normalised distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 from one float32 matmul, the
+  x.c expansion with 1/sigma_k^2 folded into the centers:
+  |x|^2 / sigma_k^2 + x . (-2 c_k / sigma_k^2) + |c_k|^2 / sigma_k^2, clamped at 0;
+- all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
+  times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
+  z = (w_k U_k^T x)_k, flattened to (n, K R).
+Per module, A Pi x = A x - sum_k w_k (A U_k)(U_k^T x) = A x - (A U) z with A U = (A U_1 .. A U_K)
+of shape (r, K R): one addmm on top of LoRA's A x. A U depends only on A, so without autograd
+(evaluation, decoding) it is kept until A is next modified. The gate scales the r-wide rows
+g(x) A Pi(x) x, and when the factors have the backbone's dtype one addmm adds s (.) B^T to W x.
+
+Hard assignment still takes all K coordinates in the one matmul: selecting U_{k*} per token moves
+n d R filter values (a gather), more than the d K R the shared matmul reads once n > K, and K
+per-cluster matmuls would cost K launches per site.
 """
 
 from __future__ import annotations
@@ -15,14 +31,14 @@ import torch
 from torch import nn
 
 from atlas.atlas import EPS, SiteAtlas
-from atlas.kmeans import pairwise_sq_dists
 
 
 class AtlasSite(nn.Module):
     """A site's frozen atlas as buffers, plus the per-input conditioning shared by the modules reading it.
 
-    `condition(x)` returns the gate g(x) (n, 1) and the filter coordinates: U_k^T x for every k (n, K, R)
-    with the assignment weights (n, K) — one-hot for hard assignment, softmax(-delta_k / tau) for soft.
+    `condition(x)` returns the gate g(x) (n, 1), the assignment weights (n, K) — the one-hot of k*
+    (bool) for hard assignment, softmax(-delta_k / tau) for soft — the weighted filter coordinates
+    z = (w_k U_k^T x)_k flattened center-major to (n, K R), and k* (n,).
     The result for the most recent input tensor is reused (q/k/v and gate/up read the same tensor).
     """
 
@@ -34,6 +50,15 @@ class AtlasSite(nn.Module):
         self.register_buffer("filters", site.filters.clone())
         self.register_buffer("ranks", site.ranks.clone())
         self.register_buffer("log_q", site.log_q.float().clone().reshape(()))
+        # Layouts derived from the atlas for the one-matmul forms above (not part of the state dict).
+        k, d = site.centers.shape
+        centers = site.centers.float()
+        self.register_buffer("dist_weight", (centers * (-2.0 * self.inv_sigma2)[:, None]).T.contiguous(),
+                             persistent=False)  # (d, K)
+        self.register_buffer("dist_bias", centers.square().sum(1) * self.inv_sigma2, persistent=False)  # (K,)
+        self.register_buffer("filter_cols", site.filters.permute(1, 0, 2).reshape(d, -1).contiguous(),
+                             persistent=False)  # (d, K R): column k * R + j is U_k[:, j]
+        self.register_buffer("center_ids", torch.arange(k, device=site.centers.device), persistent=False)
         self.assign, self.use_gate, self.use_filter = assign, use_gate, use_filter
         self.gate_temperature, self.assign_temperature = gate_temperature, assign_temperature
         self._last: Optional[tuple] = None
@@ -42,19 +67,26 @@ class AtlasSite(nn.Module):
         if self._last is not None and self._last[0]() is x:
             return self._last[1]
         flat = x.reshape(-1, x.shape[-1])
-        delta_k = pairwise_sq_dists(flat.float(), self.centers.float()) * self.inv_sigma2  # (n, K)
+        n = flat.shape[0]
+        xf = flat.float()
+        delta_k = torch.addmm(self.dist_bias.float(), xf, self.dist_weight.float())
+        delta_k = torch.addcmul(delta_k, xf.square().sum(1, keepdim=True), self.inv_sigma2).clamp_min_(0.0)  # (n, K)
         delta, kstar = delta_k.min(1)
         gate = None
         if self.use_gate:
-            gate = torch.sigmoid((delta.clamp_min(EPS).log() - self.log_q) / self.gate_temperature).unsqueeze(1)
-        weights = coords = None
+            logit = delta.clamp_min(EPS).log() - self.log_q
+            if self.gate_temperature != 1.0:
+                logit = logit / self.gate_temperature
+            gate = torch.sigmoid(logit).unsqueeze(1)
+        weights = z = None
         if self.use_filter:
             if self.assign == "soft":
                 weights = torch.softmax(-delta_k / self.assign_temperature, dim=1)
             else:
-                weights = torch.nn.functional.one_hot(kstar, delta_k.shape[1]).to(delta_k.dtype)
-            coords = torch.einsum("nd,kdr->nkr", flat, self.filters.to(flat.dtype))
-        out = (gate, weights, coords, kstar)
+                weights = kstar.unsqueeze(1) == self.center_ids
+            coords = flat @ self.filter_cols.to(flat.dtype)  # (n, K R): U_k^T x for every k
+            z = (coords.view(n, weights.shape[1], -1) * weights.unsqueeze(2)).view(n, -1)
+        out = (gate, weights, z, kstar)
         self._last = (weakref.ref(x), out)
         return out
 
@@ -80,6 +112,7 @@ class AtlasLinear(nn.Module):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # LoRA's init: the model equals the base at step 0
         self.scaling = alpha / rank
         self.scale_factor = 1.0
+        self._filtered_a: Optional[tuple] = None
 
     @property
     def in_features(self) -> int:
@@ -93,19 +126,41 @@ class AtlasLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.base.weight
 
+    def filtered_a(self) -> torch.Tensor:
+        """A U = (A U_1 .. A U_K), (r, K R). Under autograd with A trainable it is recomputed on every
+        call; otherwise it is kept and recomputed only once A or the filters have changed (in-place
+        updates bump the version counter, a move or reassignment changes the storage)."""
+        a, u = self.lora_A, self.site.filter_cols
+        if torch.is_grad_enabled() and a.requires_grad:
+            return a @ u.to(a.dtype)
+        key = (a._version, a.data_ptr(), a.dtype, u._version, u.data_ptr())
+        cached = self._filtered_a
+        if cached is None or cached[0] != key or (cached[1].is_inference() and not torch.is_inference_mode_enabled()):
+            with torch.no_grad():
+                value = a @ u.to(a.dtype)
+            # The source tensors are held so their storage cannot be reused under the same key.
+            cached = self._filtered_a = (key, value, a.detach(), u)
+        return cached[1]
+
+    def gated_low_rank(self, x: torch.Tensor) -> torch.Tensor:
+        """g(x) * A Pi(x) x, (n, r) in the factors' dtype (the gate scales the r-wide rows, not the output)."""
+        gate, _, z, _ = self.site.condition(x)
+        a = self.lora_A
+        ax = x.reshape(-1, x.shape[-1]).to(a.dtype) @ a.T  # (n, r)
+        if z is not None:
+            ax = torch.addmm(ax, z.to(a.dtype), self.filtered_a().T, alpha=-1.0)  # A x - (A U) z
+        return ax if gate is None else ax * gate.to(ax.dtype)
+
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         """s * g(x) * B A Pi(x) x for inputs (..., d_in), without forming d x d matrices."""
-        gate, weights, coords, _ = self.site.condition(x)
-        flat = x.reshape(-1, x.shape[-1]).to(self.lora_A.dtype)
-        ax = flat @ self.lora_A.T  # (n, r)
-        if coords is not None:
-            # A Pi x = A x - sum_k w_k (A U_k)(U_k^T x)
-            a_u = torch.einsum("rd,kdR->krR", self.lora_A, self.site.filters.to(self.lora_A.dtype))
-            ax = ax - torch.einsum("nk,nkR,krR->nr", weights.to(ax.dtype), coords.to(ax.dtype), a_u)
-        out = (ax @ self.lora_B.T) * (self.scaling * self.scale_factor)
-        if gate is not None:
-            out = out * gate.to(out.dtype)
+        out = (self.gated_low_rank(x) @ self.lora_B.T) * (self.scaling * self.scale_factor)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.residual(x)
+        y = self.base(x)
+        if y.dtype != self.lora_B.dtype:  # half-precision backbone: the residual is added in x's dtype
+            return y + self.residual(x)
+        # W x + s (g A Pi x) B^T in one addmm: the scale, B and the sum fused
+        out = torch.addmm(y.reshape(-1, self.out_features), self.gated_low_rank(x), self.lora_B.T,
+                          alpha=self.scaling * self.scale_factor)
+        return out.view(y.shape)

@@ -1,0 +1,139 @@
+"""Storage: atlas + adapter bytes vs a LoRA adapter of the same rank, at micro and the paper backbones' shapes.
+
+    python -m bench.storage
+    python -m bench.storage --settings 16:8,8:2 --backbones qwen3-8b
+
+Per backbone (conf/backbone/*.yaml `shapes` and `target_modules`, no weights) and per atlas
+setting K:R (num_centers : filter_rank cap; conf/method/atlas.yaml gives the default), from
+`atlas.footprint.footprint` with every cluster at the cap (the upper bound; filter_energy can
+only keep fewer columns):
+
+- same dtype: atlas and adapter values at the same width (footprint's `ratio_to_lora`);
+- as stored: the atlas in the backbone's dtype, the trainable factors in float32 — what
+  `ATLAS.export` and peft's `save_pretrained` write for a half-precision backbone, whose
+  factors both methods keep in float32.
+
+At micro the script also builds the real atlases (ATLAS.prepare on the shipped backbone and its
+calibration data) and measures the exported files against peft's adapter_model.safetensors, so
+the bound can be compared with the filter ranks filter_energy actually keeps.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from omegaconf import OmegaConf
+
+from atlas.footprint import footprint
+from bench.common import (
+    REPO, Settings, add_atlas, add_lora, command_line, environment, load_preset, method_hparams, shared_copy, table,
+    write_json,
+)
+
+SCRIPT = "storage"
+PAPER = ["qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"]
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FACTOR_BYTES = 4  # trainable factors stay float32 for half-precision backbones (atlas/layer.py, peft)
+TARGET = ("qwen3-8b", 2.0)
+
+
+def parse_settings(text: str) -> list[tuple[int, int]]:
+    out = []
+    for part in text.split(","):
+        k, r = part.split(":")
+        out.append((int(k), int(r)))
+    return out
+
+
+def estimate(backbone: str, rank: int, k: int, r: int) -> dict:
+    cfg = OmegaConf.load(REPO / "conf" / "backbone" / f"{backbone}.yaml")
+    shapes = OmegaConf.to_container(cfg.shapes)
+    est = footprint(shapes, rank, k, r, list(cfg.target_modules), bytes_per_value=1)
+    atlas_bytes = est["atlas_params"] * DTYPE_BYTES[cfg.dtype]
+    adapter_bytes = est["lora_params"] * FACTOR_BYTES
+    return {"backbone": backbone, "dtype": cfg.dtype, "num_centers": k, "filter_rank": r, "rank": rank,
+            "layers": est["layers"], "lora_params": est["lora_params"], "atlas_params": est["atlas_params"],
+            "ratio_same_dtype": est["ratio_to_lora"],
+            "atlas_bytes": atlas_bytes, "adapter_bytes": adapter_bytes,
+            "lora_bytes": adapter_bytes, "atlas_plus_adapter_bytes": atlas_bytes + adapter_bytes,
+            "ratio_as_stored": (atlas_bytes + adapter_bytes) / adapter_bytes,
+            "atlas_extra_flops_per_token": est["atlas_extra_flops_per_token"],
+            "extra_flops_vs_projections": est["extra_flops_vs_projections"]}
+
+
+def measure_micro(settings_list, rank: int, seed: int) -> list[dict]:
+    """Real exported bytes at micro: ATLAS.export (atlas + adapter) vs LoRA.export (peft adapter)."""
+    with tempfile.TemporaryDirectory(prefix="atlas-bench-storage-") as tmp:
+        st = Settings(torch.device("cpu"), None, seed, None, Path(tmp) / "atlas")
+        bb = load_preset("micro", st)
+        lora, lora_method = add_lora(shared_copy(bb.model), bb, seed, rank=rank)
+        lora_bytes = lora_method.export(lora, Path(tmp) / "lora")
+        out = []
+        for k, r in settings_list:
+            model, method = add_atlas(shared_copy(bb.model), bb, st, rank=rank, num_centers=k, filter_rank=r)
+            stored = method.export(model, Path(tmp) / f"atlas-{k}-{r}")
+            costs = method.costs()
+            sites = list(method.atlas.values())
+            mean_rank = sum(s.centers.shape[1] * int(s.ranks.sum()) for s in sites) / \
+                (k * sum(s.centers.shape[1] for s in sites))
+            out.append({"backbone": "micro (measured)", "num_centers": k, "filter_rank": r, "rank": rank,
+                        "atlas_bytes": costs["atlas_bytes"], "adapter_bytes": costs["adapter_bytes"],
+                        "atlas_plus_adapter_bytes": stored, "lora_bytes": lora_bytes,
+                        "ratio_as_stored": stored / lora_bytes, "mean_filter_rank": mean_rank})
+        return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    import argparse
+
+    defaults = method_hparams("atlas")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))
+    ap.add_argument("--settings", default=f"{defaults['num_centers']}:{defaults['filter_rank']},16:4,16:2,8:8,8:4,8:2,4:4,4:2,1:8",
+                    help="comma-separated num_centers:filter_rank (the first is conf/method/atlas.yaml's)")
+    ap.add_argument("--rank", type=int, default=defaults["rank"])
+    ap.add_argument("--no-measure", action="store_true", help="skip building real atlases at micro")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    settings_list = parse_settings(args.settings)
+    backbones = [b for b in args.backbones.split(",") if b]
+    rows = [estimate(b, args.rank, k, r) for b in backbones for k, r in settings_list]
+    measured = [] if args.no_measure or "micro" not in backbones else measure_micro(settings_list, args.rank, args.seed)
+
+    default = settings_list[0]
+    meets = [f"K={e['num_centers']} R={e['filter_rank']}" for e in rows
+             if e["backbone"] == TARGET[0] and e["ratio_same_dtype"] <= TARGET[1]]
+    meets_stored = [f"K={e['num_centers']} R={e['filter_rank']}" for e in rows
+                    if e["backbone"] == TARGET[0] and e["ratio_as_stored"] <= TARGET[1]]
+    at_default = next((e for e in rows if e["backbone"] == TARGET[0] and (e["num_centers"], e["filter_rank"]) == default), None)
+    payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(torch.device("cpu")),
+               "rank": args.rank, "default_setting": {"num_centers": default[0], "filter_rank": default[1]},
+               "estimates": rows, "measured_micro": measured,
+               "target": {"backbone": TARGET[0], "limit": TARGET[1],
+                          "default_ratio_same_dtype": at_default and at_default["ratio_same_dtype"],
+                          "default_ratio_as_stored": at_default and at_default["ratio_as_stored"],
+                          "settings_meeting_same_dtype": meets, "settings_meeting_as_stored": meets_stored}}
+    mb = lambda b: b / 2**20  # noqa: E731
+    print(f"\natlas + adapter vs LoRA adapter, rank {args.rank}, every filter at its cap (upper bound)")
+    print(table(["backbone", "K", "R", "atlas MiB", "adapter MiB", "x LoRA (as stored)", "x LoRA (same dtype)"],
+                [[e["backbone"], e["num_centers"], e["filter_rank"], mb(e["atlas_bytes"]), mb(e["adapter_bytes"]),
+                  e["ratio_as_stored"], e["ratio_same_dtype"]] for e in rows]))
+    if measured:
+        print("\nmicro, exported files (filters at the ranks filter_energy keeps)")
+        print(table(["K", "R", "mean r_k", "atlas MiB", "adapter MiB", "LoRA MiB", "x LoRA"],
+                    [[e["num_centers"], e["filter_rank"], e["mean_filter_rank"], mb(e["atlas_bytes"]),
+                      mb(e["adapter_bytes"]), mb(e["lora_bytes"]), e["ratio_as_stored"]] for e in measured]))
+    print(f"\n{TARGET[0]} target x LoRA <= {TARGET[1]}: default K={default[0]} R={default[1]} gives "
+          f"{at_default['ratio_as_stored']:.2f} as stored, {at_default['ratio_same_dtype']:.2f} same dtype; "
+          f"settings meeting it as stored: {meets_stored or 'none'}; same dtype: {meets or 'none'}\n"
+          if at_default else "")
+    write_json(args.out, SCRIPT, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The layer's one-matmul forms (atlas/layer.py) equal the equation of METHOD.md section 2 computed
+directly in float64 — explicit differences x - c_k and explicit d x d projections
+Pi = I - U_{k*} U_{k*}^T (hard) or I - sum_k w_k U_k U_k^T (soft) — in outputs and in the gradients
+with respect to the input and both factors; and the cached A U of the no-autograd path follows A."""
+
+import pytest
+import torch
+
+from atlas.atlas import EPS, build_site_atlas
+from atlas.layer import AtlasLinear, AtlasSite
+
+
+def clustered_site(d=24, k=4, cap=3, seed=0):
+    """An atlas of four clusters, filter ranks from 1 to the cap (zero-padded filters included)."""
+    g = torch.Generator().manual_seed(seed)
+    spreads = [0.2, 0.6, 1.2, 2.0]
+    x = torch.cat([torch.randn(150, d, generator=g) * spreads[j] + 5 * torch.eye(d)[j] for j in range(k)])
+    site = build_site_atlas(x, k, 0.8, cap, 0.9, seed)
+    return site, x
+
+
+def inputs(site, x, seed=1):
+    """Calibration-like points, points near the centers, far points and plain noise, as (2, n / 2, d)."""
+    g = torch.Generator().manual_seed(seed)
+    d = site.centers.shape[1]
+    pts = torch.cat([x[::37], site.centers + 0.05 * torch.randn(site.centers.shape, generator=g),
+                     torch.randn(4, d, generator=g) * 20, torch.randn(6, d, generator=g)])
+    pts = pts[: pts.shape[0] // 2 * 2]
+    return pts.reshape(2, -1, d)
+
+
+def layer_for(site, out=10, seed=2, **kw):
+    torch.manual_seed(seed)
+    layer = AtlasLinear(torch.nn.Linear(site.centers.shape[1], out), AtlasSite(site, **kw), rank=4, alpha=8)
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    return layer
+
+
+def reference_residual(layer, x, A, B):
+    """s g(x) B A Pi(x) x, term by term in float64 (x, A, B float64 leaves)."""
+    site = layer.site
+    flat = x.reshape(-1, x.shape[-1])
+    c = site.centers.double()
+    delta_k = (flat[:, None, :] - c[None]).square().sum(-1) * site.inv_sigma2.double()  # (n, K)
+    delta, kstar = delta_k.min(1)
+    h = flat
+    if site.use_filter:
+        u = site.filters.double()  # (K, d, R), zero columns past each rank
+        eye = torch.eye(flat.shape[1], dtype=torch.float64)
+        proj = torch.einsum("kdr,ker->kde", u, u)  # U_k U_k^T
+        if site.assign == "soft":
+            w = torch.softmax(-delta_k / site.assign_temperature, dim=1)
+            pi = eye - torch.einsum("nk,kde->nde", w, proj)
+        else:
+            pi = eye - proj[kstar]
+        h = torch.einsum("nde,ne->nd", pi, flat)
+    res = h @ A.T @ B.T * (layer.scaling * layer.scale_factor)
+    if site.use_gate:
+        gate = torch.sigmoid((delta.clamp_min(EPS).log() - site.log_q.double()) / site.gate_temperature)
+        res = res * gate[:, None]
+    return res.reshape(*x.shape[:-1], -1)
+
+
+def reference(layer, x, A, B):
+    """y = W x + b + s g(x) B A Pi(x) x in float64."""
+    return x @ layer.base.weight.double().T + layer.base.bias.double() + reference_residual(layer, x, A, B)
+
+
+def grads_both(layer, x):
+    """(fast output, fast grads, reference output, reference grads) for loss sum(y * R)."""
+    R = torch.randn(*x.shape[:-1], layer.out_features, generator=torch.Generator().manual_seed(3))
+    xf = x.clone().requires_grad_(True)
+    y = layer(xf)
+    (y * R).sum().backward()
+    fast = (xf.grad, layer.lora_A.grad, layer.lora_B.grad)
+    xd = x.double().requires_grad_(True)
+    A = layer.lora_A.detach().double().requires_grad_(True)
+    B = layer.lora_B.detach().double().requires_grad_(True)
+    yr = reference(layer, xd, A, B)
+    (yr * R.double()).sum().backward()
+    return y, fast, yr, (xd.grad, A.grad, B.grad)
+
+
+def close(a, b, rel=1e-4):
+    scale = b.abs().max().item()
+    torch.testing.assert_close(a.double(), b.double(), rtol=rel, atol=rel * max(scale, 1e-6))
+
+
+@pytest.mark.parametrize("assign,temperature", [("hard", 1.0), ("soft", 1.0), ("soft", 0.3)])
+@pytest.mark.parametrize("use_gate,use_filter", [(True, True), (True, False), (False, True)])
+def test_outputs_and_gradients_match_the_equation(assign, temperature, use_gate, use_filter):
+    site, x = clustered_site()
+    ranks = site.ranks.tolist()
+    assert min(ranks) < site.filters.shape[2], "the atlas should include zero-padded filters"
+    layer = layer_for(site, assign=assign, assign_temperature=temperature, use_gate=use_gate, use_filter=use_filter)
+    pts = inputs(site, x)
+    y, fast, yr, ref = grads_both(layer, pts)
+    close(y, yr)
+    close(layer.residual(pts).detach(), reference_residual(layer, pts.double(), layer.lora_A.double(), layer.lora_B.double()))
+    for g_fast, g_ref in zip(fast, ref):
+        close(g_fast, g_ref)
+
+
+def test_modules_sharing_a_site_match_the_equation():
+    site, x = clustered_site(seed=4)
+    shared = AtlasSite(site, assign="soft", assign_temperature=0.5)
+    torch.manual_seed(0)
+    q = AtlasLinear(torch.nn.Linear(24, 12), shared, rank=4, alpha=8)
+    k = AtlasLinear(torch.nn.Linear(24, 6), shared, rank=4, alpha=8)
+    with torch.no_grad():
+        q.lora_B.normal_(); k.lora_B.normal_()
+    pts = inputs(site, x).requires_grad_(True)
+    (q(pts).square().sum() + k(pts).sum()).backward()
+    xd = pts.detach().double().requires_grad_(True)
+    factors = [m.lora_A.detach().double().requires_grad_(True) for m in (q, k)] + \
+              [m.lora_B.detach().double().requires_grad_(True) for m in (q, k)]
+    (reference(q, xd, factors[0], factors[2]).square().sum() + reference(k, xd, factors[1], factors[3]).sum()).backward()
+    close(pts.grad, xd.grad)
+    for mod, a, b in ((q, factors[0], factors[2]), (k, factors[1], factors[3])):
+        close(mod.lora_A.grad, a.grad)
+        close(mod.lora_B.grad, b.grad)
+
+
+def test_bf16_backbone_matches_the_equation_to_bf16_precision():
+    site, x = clustered_site(seed=5)
+    from atlas.atlas import cast
+
+    layer = layer_for(cast(site, torch.bfloat16))
+    layer.base.to(torch.bfloat16)
+    pts = inputs(site, x).to(torch.bfloat16)
+    with torch.no_grad():
+        res = layer.residual(pts)
+        ref = reference_residual(layer, pts.double(), layer.lora_A.double(), layer.lora_B.double())
+    assert res.dtype == torch.bfloat16
+    close(res, ref, rel=3e-2)
+
+
+def test_cached_filtered_a_follows_every_change_of_a():
+    site, x = clustered_site(seed=6)
+    layer = layer_for(site)
+    pts = inputs(site, x)
+
+    def fresh():  # autograd path: A U recomputed from the current A
+        with torch.enable_grad():
+            return layer.residual(pts).detach()
+
+    with torch.no_grad():
+        first = layer.residual(pts)
+        assert layer.filtered_a() is layer.filtered_a()  # kept between calls without autograd
+        torch.testing.assert_close(first, fresh())
+        layer.lora_A.add_(0.1)  # in place, as an optimizer step
+        second = layer.residual(pts)
+    assert not torch.allclose(first, second)
+    torch.testing.assert_close(second, fresh())
+    layer.lora_A.data = torch.randn_like(layer.lora_A)  # reassigned storage
+    with torch.no_grad():
+        torch.testing.assert_close(layer.residual(pts), fresh())
+    layer.lora_A.data = torch.randn_like(layer.lora_A)
+    with torch.inference_mode():
+        inf = layer.residual(pts)
+    assert layer._filtered_a[1].is_inference()
+    with torch.no_grad():  # a value cached under inference mode is not reused outside it
+        torch.testing.assert_close(layer.residual(pts), inf)
+        assert not layer.filtered_a().is_inference()
+    torch.testing.assert_close(inf, fresh())
