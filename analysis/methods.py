@@ -13,8 +13,9 @@ from dataclasses import dataclass
 REFERENCE = "atlas"
 BASE = "base"
 BASELINES = ("lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
+EXTENDED = ("milora", "pissa", "dora", "loranull", "fullft")  # beyond the paper (docs/baselines.md)
 ABLATIONS = ("atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_target", "atlas_random")
-KNOWN_ORDER = (REFERENCE, *BASELINES, *ABLATIONS, BASE)
+KNOWN_ORDER = (REFERENCE, *BASELINES, *EXTENDED, *ABLATIONS, BASE)
 
 LABELS = {
     "atlas": "ATLAS",
@@ -25,6 +26,11 @@ LABELS = {
     "lwf": "LwF",
     "corda": "CorDA",
     "inflora": "InfLoRA",
+    "milora": "MiLoRA",
+    "pissa": "PiSSA",
+    "dora": "DoRA",
+    "loranull": "LoRA-Null",
+    "fullft": "Full FT",
     "atlas_global": "ATLAS global",
     "atlas_nofilter": "ATLAS no filter",
     "atlas_nogate": "ATLAS no gate",
@@ -49,6 +55,11 @@ STYLES = {
     "lwf": Style("#8c564b", "P"),
     "corda": Style("#7f7f7f", "X"),
     "inflora": Style("#bcbd22", "h"),
+    "milora": Style("#3949ab", "<"),
+    "pissa": Style("#7b4173", ">"),
+    "dora": Style("#e377c2", "d"),
+    "loranull": Style("#00695c", "p"),
+    "fullft": Style("#393b79", "8"),
     "atlas_global": Style("#ef6c00", "<"),
     "atlas_nofilter": Style("#ad1457", ">"),
     "atlas_nogate": Style("#f9a825", "p"),
