@@ -1,0 +1,80 @@
+"""Estimated GPU-hours of the paper presets, from the configs alone (no GPU, no weights).
+
+    python -m bench.gpu_hours            # the tables of docs/reproducing.md
+
+An estimate, not a measurement. Training costs 6 N T FLOPs (forward 2N, backward through frozen
+weights about 2N, recomputation under gradient checkpointing 2N) for N parameters (from the backbone's
+published `shapes`) and T = steps x 32 sequences x MEAN_TOKENS tokens, at SUSTAINED_FLOPS.
+Evaluation is bounded by batched greedy decoding: ceil(n / 32) x max_new_tokens steps per suite, at
+DECODE_S_PER_STEP_8B seconds a step for an 8.2B model, scaled with N. Each run adds OVERHEAD_H for
+loading and the method's statistics; a base run only evaluates.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PAPER_BACKBONES = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
+TIED_EMBEDDINGS = {"qwen3-4b", "gemma-2-9b"}  # their config.json: tie_word_embeddings
+SEQUENCES_PER_STEP = 32
+MEAN_TOKENS = 512              # Magicoder-style instruction + response, truncated at 1024
+SUSTAINED_FLOPS = 3.5e14       # about 35% of an H100 SXM's dense bf16 peak
+DECODE_S_PER_STEP_8B = 0.025   # one batched decoding step of an 8.2B model
+OVERHEAD_H = 0.05              # loading, atlas / Fisher / covariances, about 3 minutes
+A100_FACTOR = 2.5
+# (items, max new tokens) per evaluation suite: HumanEval + MBPP, GSM8K, CommonsenseQA.
+SUITES = ((164 + 257, "max_new_tokens_code"), (500, "max_new_tokens_math"), (500, "max_new_tokens_choice"))
+# Runs each preset adds (trained, base, mean training length as a multiple of train/paper's steps).
+PRESETS = {
+    "paper_main": [("qwen3-8b", 108, 3, 1.0)],
+    "paper_backbones": [(b, 108, 3, 1.0) for b in PAPER_BACKBONES if b != "qwen3-8b"],
+    "paper_retained": [("qwen3-8b", 192, 0, 1.0)],
+    # 18 runs at half, 15 at one (3 shared with paper_main), 18 at two epochs
+    "paper_ablations": [("qwen3-8b", 18, 0, 0.5), ("qwen3-8b", 15, 0, 1.0), ("qwen3-8b", 18, 0, 2.0)],
+}
+
+
+def load(group: str, name: str) -> dict:
+    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+def parameters(name: str) -> float:
+    """Parameter count of a decoder-only backbone from its published shapes."""
+    s = load("backbone", name)["shapes"]
+    h, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    attn = 2 * h * s["num_attention_heads"] * s["head_dim"] + 2 * h * s["num_key_value_heads"] * s["head_dim"]
+    embeddings = s["vocab_size"] * h * (1 if name in TIED_EMBEDDINGS else 2)
+    return layers * (attn + 3 * h * inter) + embeddings
+
+
+def run_hours(name: str) -> tuple[float, float]:
+    """(training hours, evaluation hours) of one run on `name` with train/paper and eval/paper."""
+    n = parameters(name)
+    tokens = load("train", "paper")["steps"] * SEQUENCES_PER_STEP * MEAN_TOKENS
+    train = 6 * n * tokens / SUSTAINED_FLOPS / 3600
+    ev = load("eval", "paper")
+    steps = sum(math.ceil(items / 32) * ev[key] for items, key in SUITES)
+    return train, steps * DECODE_S_PER_STEP_8B * n / 8.2e9 / 3600
+
+
+def main() -> None:
+    print("| backbone | params | train (h) | eval (h) | one run (H100-h) |\n|---|---|---|---|---|")
+    hours = {}
+    for b in PAPER_BACKBONES:
+        train, ev = run_hours(b)
+        hours[b] = (train, ev)
+        print(f"| {b} | {parameters(b) / 1e9:.1f} B | {train:.2f} | {ev:.2f} | {train + ev + OVERHEAD_H:.2f} |")
+    print("\n| preset | new runs | H100-hours | A100-80GB-hours (x2.5) |\n|---|---|---|---|")
+    for preset, parts in PRESETS.items():
+        total = sum(t * (hours[b][0] * f + hours[b][1] + OVERHEAD_H) + base * (hours[b][1] + OVERHEAD_H)
+                    for b, t, base, f in parts)
+        runs = sum(t + base for _, t, base, _ in parts)
+        print(f"| `{preset}` | {runs} | {total:.0f} | {total * A100_FACTOR:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
