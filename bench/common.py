@@ -95,6 +95,15 @@ class Settings:
     atlas_tokens: Optional[int] = None
 
 
+def selected_variants(spec: str, allowed: dict) -> list[str]:
+    """The names in a comma-separated `--variants` value; exits with the allowed names on an unknown one."""
+    names = [v for v in spec.split(",") if v]
+    unknown = [v for v in names if v not in allowed]
+    if unknown:
+        raise SystemExit(f"error: --variants {unknown}: allowed {list(allowed)}")
+    return names
+
+
 def settings(args: argparse.Namespace, keep: list) -> Settings:
     """Device, dtype and threads from the common arguments; `keep` holds a temporary atlas folder alive."""
     device = torch.device(args.device)

@@ -29,6 +29,7 @@ from transformers import GenerationConfig
 from bench.common import (
     add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
     summary, table, use_legacy_atlas, write_json,
+    selected_variants,
 )
 
 SCRIPT = "decode"
@@ -133,10 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per row (default 32)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     args = ap.parse_args(argv)
-    names = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"error: --variants {unknown}: allowed {list(VARIANTS)}")
+    names = selected_variants(args.variants, VARIANTS)
     keep: list = []
     st = settings(args, keep)
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(st.device),

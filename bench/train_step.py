@@ -28,6 +28,7 @@ from bench.common import (
     add_atlas, add_lora, clear_atlas_caches, command_line, common_parser, environment, interleaved, load_preset,
     peak_memory, reset_peak_memory, settings, shared_copy, summary, table, timed, train_batch, use_legacy_atlas,
     write_json,
+    selected_variants,
 )
 
 SCRIPT = "train_step"
@@ -141,10 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     help="tokens per sequence for random presets; the truncation length on micro (default 256)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {list(VARIANTS)}")
     args = ap.parse_args(argv)
-    names = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"error: --variants {unknown}: allowed {list(VARIANTS)}")
+    names = selected_variants(args.variants, VARIANTS)
     keep: list = []
     st = settings(args, keep)
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(st.device),
