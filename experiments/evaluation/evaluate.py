@@ -12,7 +12,9 @@ cache of the separately loaded frozen base (`reference_cache.get_reference`):
 
 Every rate is a dict carrying its `n`. `retained_kl_mean` is the mean of `kl_token_mean` over
 domains. Code: pass@1 from one greedy completion per problem; pass@k (k > 1) from `n_samples`
-sampled completions with the unbiased estimator; every program runs in the sandbox.
+sampled completions with the unbiased estimator; every completion is checked in the sandbox, its
+test and the solution in separate processes (`sandbox`), and `target.sandbox` records which
+isolation was in force.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def evaluate_run(
     """All metrics of one run (see the module docstring and docs/evaluation.md).
 
     `model` is the adapted model; `base_model` the separately loaded frozen base, or a
-    zero-argument callable returning it.
+    zero-argument callable returning it. Besides the metrics, `timing` holds where the time went
+    and `code_samples` every code completion with its sandbox verdict (task id, greedy or sample,
+    completion, status, reason), which `experiments.job` stores next to the record.
     """
     cfg = as_eval_config(cfg).validate()
     t_start = time.perf_counter()
@@ -61,7 +65,8 @@ def evaluate_run(
     timing["reference_cold_build_s"] = float(ref.stats["build_s"])
 
     retained, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing)
-    target = _target(model, tokenizer, benchmark, cfg, chat_template, progress, timing)
+    samples: list[dict] = []
+    target = _target(model, tokenizer, benchmark, cfg, chat_template, progress, timing, samples)
 
     out: dict[str, Any] = {
         "target": target,
@@ -78,6 +83,7 @@ def evaluate_run(
     )
     timing["total_s"] = time.perf_counter() - t_start
     out["timing"] = timing
+    out["code_samples"] = samples
     return out
 
 
@@ -129,11 +135,14 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
     return retained, kl_s
 
 
-def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing) -> dict:
-    from experiments.evaluation.code_completion import build_program
+def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing, samples) -> dict:
+    from experiments.evaluation.code_completion import build_check
     from experiments.evaluation.pass_at_k import summarize_pass_at_k
-    from experiments.evaluation.sandbox import check_programs
+    from experiments.evaluation.sandbox import check_solutions, isolation_report
 
+    # Before any generation: a machine where no sandbox mode works (or where the interpreter's
+    # imports would fail inside) stops here with the reason instead of scoring every solution 0.
+    sandbox = isolation_report()
     problems = list(benchmark.target_eval)
     if cfg.max_target_problems is not None:
         problems = problems[: cfg.max_target_problems]
@@ -142,19 +151,28 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
     failures: Counter = Counter()
     execution_s = 0.0
 
-    def run(problem_list, texts):
+    def run(problem_list, texts, kind):
         nonlocal execution_s
-        # build_program truncates the completion itself (and handles whole-function answers).
-        programs = [build_program(p, text) for p, text in zip(problem_list, texts)]
+        # build_check truncates the completion itself (and handles whole-function answers).
+        checks = [build_check(p, text) for p, text in zip(problem_list, texts)]
         t = time.perf_counter()
-        results = check_programs(programs, limits, workers=cfg.sandbox_workers, progress=progress)
+        results = check_solutions(checks, limits, workers=cfg.sandbox_workers, progress=progress)
         execution_s += time.perf_counter() - t
+        broken = [r for r in results if r.status == "sandbox_error"]
+        if broken:
+            raise RuntimeError(
+                f"{len(broken)} of {len(results)} code checks could not run in the sandbox (first: {broken[0].reason}); "
+                "no pass@k is reported from a sandbox that does not work (docs/sandbox.md)"
+            )
         failures.update(r.status for r in results if not r.passed)
+        for i, (p, text, r) in enumerate(zip(problem_list, texts, results)):
+            samples.append({"task_id": p["task_id"], "kind": kind, "index": i, "completion": text,
+                            "status": r.status, "reason": r.reason})
         return results
 
     greedy = _timed_generate(timing, model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens_code,
                              batch_size=cfg.generation_batch_size, progress=progress, desc="code greedy")
-    greedy_results = run(problems, greedy.texts)
+    greedy_results = run(problems, greedy.texts, "greedy")
     target: dict[str, Any] = {"pass@1": summarize_pass_at_k([[r.passed] for r in greedy_results], [1]).get("pass@1")}
 
     ks = sorted(k for k in cfg.pass_k if k > 1)
@@ -167,7 +185,7 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
             sample_indices=[j for _ in prompts for j in range(n)],
             batch_size=cfg.generation_batch_size, progress=progress, desc="code samples",
         )
-        sampled_results = run([p for p in problems for _ in range(n)], sampled.texts)
+        sampled_results = run([p for p in problems for _ in range(n)], sampled.texts, "sample")
         per_problem = [[r.passed for r in sampled_results[i * n:(i + 1) * n]] for i in range(len(problems))]
         sampled_summary = summarize_pass_at_k(per_problem, ks)
         for k in ks:
@@ -175,6 +193,8 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
         target["n_samples"] = n
     target["n_problems"] = len(problems)
     target["failures"] = dict(sorted(failures.items()))
+    target["sandbox"] = {k: sandbox[k] for k in ("mode", "files_hidden", "network_isolated", "memory_bounded_in_total",
+                                                 "processes_limited", "separate_test_process")}
     timing["execution_s"] = execution_s
     return target
 

@@ -6,20 +6,15 @@ micro backbone's model card reports. They use the shared templates of `experimen
 - math: greedy answer to `math_prompt`, final number (`#### N`, else the last number) vs gold;
 - multiple choice: the choice whose continuation `" {text}"` has the highest summed log-likelihood
   (lm-eval's `acc`; `acc_norm` divides by the continuation's byte length);
-- code: greedy completion of `code_problem_prompt`; the program `prompt + completion + test +
-  check(entry_point)` runs in a separate process with a timeout (through the project sandbox's
-  `check_program` where that module is present).
+- code: greedy completion of `code_problem_prompt`, checked in the project sandbox exactly as the
+  evaluation checks it (`completions_pass`).
 
 The project's full evaluation (reference cache, KL, stability) lives in `experiments.evaluation`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import tempfile
 from typing import Any, Optional, Sequence
 
 import torch
@@ -130,38 +125,26 @@ def choice_accuracy(model: Any, tokenizer: Any, items: Sequence[dict], batch_siz
     return {"accuracy": acc / n, "accuracy_norm": acc_norm / n, "n": len(items), "choices": choices}
 
 
-def run_program(program: str, timeout_s: float = 5.0) -> bool:
-    """Whether a Python program runs to its end (exit status 0), isolated from this process.
+def completions_pass(problems: Sequence[dict], completions: Sequence[str]) -> list[bool]:
+    """Whether each completion passes its problem's tests, checked in the project sandbox.
 
-    Uses the project sandbox (`experiments.evaluation.sandbox.check_program`, its default limits)
-    where it is available; else a separate `python -I` process in its own temp dir, scrubbed
-    environment and session, killed after `timeout_s`.
+    The same path as the evaluation (`code_completion.build_check` -> `sandbox.check_solutions`):
+    the test and the model's code run in separate sandboxed processes. Raises RuntimeError when
+    the sandbox cannot run here (a check that could not run is not a failed solution).
     """
-    try:
-        from experiments.evaluation.sandbox import check_program  # the project's sandbox, when present
-    except ImportError:
-        check_program = None
-    if check_program is not None:
-        return bool(check_program(program).passed)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-I", "-c", program], cwd=tmp, capture_output=True, timeout=timeout_s,
-                env={"PATH": os.environ.get("PATH", ""), "PYTHONHASHSEED": "0"}, start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
-            return False
-    return proc.returncode == 0
+    from experiments.evaluation.code_completion import build_check
+    from experiments.evaluation.sandbox import check_solutions
 
-
-def code_program(problem: dict, completion: str) -> str:
-    """The HumanEval program: prompt, completion, the tests, and the call of `check`."""
-    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+    results = check_solutions([build_check(p, c) for p, c in zip(problems, completions)])
+    broken = [r.reason for r in results if r.status == "sandbox_error"]
+    if broken:
+        raise RuntimeError(f"{len(broken)} code checks could not run in the sandbox: {broken[0]}")
+    return [r.passed for r in results]
 
 
 def code_pass_at_1(model: Any, tokenizer: Any, problems: Sequence[dict], max_new_tokens: int = 96) -> dict:
     """Greedy pass@1 on HumanEval-format problems."""
     completions = greedy_generate(model, tokenizer, [code_problem_prompt(p) for p in problems], max_new_tokens)
-    passed = [run_program(code_program(p, c)) for p, c in zip(problems, completions)]
+    passed = completions_pass(problems, completions)
     return {"pass@1": sum(passed) / max(len(problems), 1), "n": len(problems), "passed": passed,
             "completions": completions}

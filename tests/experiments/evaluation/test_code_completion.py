@@ -1,5 +1,5 @@
-"""Completion truncation, program assembly and the MBPP conversion (synthetic cases; the real
-datasets are in test_real_code_data.py)."""
+"""Completion truncation, check assembly (solution and test apart) and the MBPP conversion
+(synthetic cases; the real datasets are in test_real_code_data.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import ast
 
 import pytest
 
-from experiments.evaluation.code_completion import build_program, mbpp_to_humaneval, truncate_completion
-from experiments.evaluation.sandbox import SandboxLimits, check_programs
+from experiments.evaluation.code_completion import build_check, mbpp_to_humaneval, truncate_completion
+from experiments.evaluation.sandbox import SandboxLimits, check_solutions
 
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=5)
 
@@ -43,11 +43,34 @@ def test_truncate_completion(completion, expected):
     assert truncate_completion(completion) == expected
 
 
-def test_build_program_layout():
-    program = build_program(PROBLEM, "    return math.hypot(a, b)\n\nprint('garbage')\n")
-    expected = PROBLEM["prompt"] + "    return math.hypot(a, b)" + "\n" + PROBLEM["test"] + "\ncheck(hypot)\n"
-    assert program == expected
-    ast.parse(program)
+def test_build_check_layout():
+    check = build_check(PROBLEM, "    return math.hypot(a, b)\n\nprint('garbage')\n")
+    assert check.solution == PROBLEM["prompt"] + "    return math.hypot(a, b)" + "\n"
+    assert check.test == "import math\n\n\ndef helper(x):\n    return x\n\n\n" + "\n" + PROBLEM["test"] + "\n"
+    assert check.entry_point == "hypot" and check.invalid is None
+    assert "def check" not in check.solution and "return math.hypot" not in check.test
+    ast.parse(check.solution)
+    ast.parse(check.test)
+
+
+@pytest.mark.parametrize(
+    "completion, reason",
+    [
+        ("@(lambda f: lambda candidate: None)", "does not parse with its prompt: SyntaxError"),
+        ("    return (a +\n", "does not parse with its prompt"),
+        ("return a + b\n", "adds top-level statements to its prompt (line 13: return a + b)"),
+        ("def hypot(a, b):\n    nonlocal q\n    return a\n", "does not compile with its prompt: SyntaxError: no binding for nonlocal 'q'"),
+        ("x = 1\n", "adds top-level statements to its prompt (line 13: x = 1)"),
+        ("check = None\n", "adds top-level statements"),
+        ("def hypot(a, b):\n    return a\n@(lambda f: lambda candidate: None)\n", "does not parse"),
+        ("```python\ndef hypot(a, b)\n    return a\n```", "does not parse"),
+    ],
+)
+def test_completions_that_do_not_form_a_solution_are_invalid(completion, reason):
+    check = build_check(PROBLEM, completion)
+    assert check.invalid is not None and reason in check.invalid, check.invalid
+    result = check_solutions([check], LIMITS)[0]
+    assert (result.status, result.reason, result.returncode) == ("invalid", check.invalid, None)
 
 
 FULL_FUNCTION_ANSWERS = {
@@ -66,30 +89,32 @@ FULL_FUNCTION_ANSWERS = {
 
 
 def test_full_function_and_fenced_answers_pass():
-    programs = [build_program(PROBLEM, c) for c in FULL_FUNCTION_ANSWERS.values()]
-    for program in programs:
-        assert program.count("def check(candidate)") == 1 and program.endswith("\ncheck(hypot)\n")
-        assert "pip install" not in program and "It uses Pythagoras" not in program
-    results = check_programs(programs, LIMITS)
+    checks = [build_check(PROBLEM, c) for c in FULL_FUNCTION_ANSWERS.values()]
+    for check in checks:
+        assert check.invalid is None and "def check(candidate)" not in check.solution
+        assert "pip install" not in check.solution and "It uses Pythagoras" not in check.solution
+        assert "print(hypot" not in check.solution and "__main__" not in check.solution
+    results = check_solutions(checks, LIMITS)
     for name, result in zip(FULL_FUNCTION_ANSWERS, results):
         assert result.passed, (name, result.reason)
 
 
 def test_full_function_keeps_the_prompt_preamble():
-    program = build_program(PROBLEM, "def hypot(a, b):\n    return a\n")
-    assert program.startswith("import math\n\n\ndef helper(x):")
-    assert '"""Length of the hypotenuse.' not in program  # the prompt's function is replaced
+    check = build_check(PROBLEM, "def hypot(a, b):\n    return a\n")
+    assert check.solution.startswith("import math\n\n\ndef helper(x):")
+    assert '"""Length of the hypotenuse.' not in check.solution  # the prompt's function is replaced
 
 
 def test_wrong_and_canonical_completions():
-    programs = [
-        build_program(PROBLEM, PROBLEM["canonical_solution"]),
-        build_program(PROBLEM, "    return a + b\n"),
-        build_program(PROBLEM, "def hypot(a, b):\n    return a + b\n"),
-        build_program(PROBLEM, "    while True:\n        pass\n"),
+    checks = [
+        build_check(PROBLEM, PROBLEM["canonical_solution"]),
+        build_check(PROBLEM, "    return a + b\n"),
+        build_check(PROBLEM, "def hypot(a, b):\n    return a + b\n"),
+        build_check(PROBLEM, "    while True:\n        pass\n"),
     ]
-    statuses = [r.status for r in check_programs(programs, SandboxLimits(wall_seconds=2, cpu_seconds=1))]
-    assert statuses == ["passed", "failed", "failed", "timeout"]
+    results = check_solutions(checks, SandboxLimits(wall_seconds=3, cpu_seconds=1))
+    assert [r.status for r in results] == ["passed", "failed", "failed", "timeout"]
+    assert "assert candidate(3, 4) == 5.0" in results[1].reason and "hypot(3, 4) returned 7" in results[1].reason
 
 
 MBPP_FULL = {
@@ -179,10 +204,11 @@ def test_mbpp_special_cases():
     assert '    r"""' in problems[3]["prompt"] and problems[3]["prompt"].startswith("import re\n")
     for problem in problems:
         ast.parse(problem["prompt"] + problem["canonical_solution"])
-    programs = [build_program(p, p["canonical_solution"]) for p in problems]
-    programs.append(build_program(problems[0], "    return n == 73\n"))  # passes the tests, wrong idea
-    programs.append(build_program(problems[0], "    return True\n"))
-    assert [r.status for r in check_programs(programs, LIMITS)] == ["passed"] * 5 + ["failed"]
+    checks = [build_check(p, p["canonical_solution"]) for p in problems]
+    checks.append(build_check(problems[0], "    return n == 73\n"))  # passes the tests, wrong idea
+    checks.append(build_check(problems[0], "    return True\n"))
+    # Pair instances built by the test cross to the solution as plain data of its own Pair class.
+    assert [r.status for r in check_solutions(checks, LIMITS)] == ["passed"] * 5 + ["failed"]
 
 
 def test_mbpp_without_a_called_definition_is_an_error():

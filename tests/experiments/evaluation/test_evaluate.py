@@ -96,7 +96,29 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
     res = ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False,
                           progress=False)
     assert res["target"]["pass@1"] == pytest.approx(0.5)
-    assert res["target"]["n_problems"] == 2 and sum(res["target"]["failures"].values()) == 1
+    assert res["target"]["n_problems"] == 2 and res["target"]["failures"] == {"failed": 1}
+    assert res["target"]["sandbox"]["separate_test_process"] and res["target"]["sandbox"]["mode"]
+    samples = res["code_samples"]
+    assert [(s["task_id"], s["kind"], s["status"]) for s in samples] == [("t/0", "greedy", "passed"), ("t/1", "greedy", "failed")]
+    assert samples[1]["completion"] == "    return a\n" and "neg(4) returned 4" in samples[1]["reason"]
+
+
+def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tmp_path, monkeypatch):
+    from experiments.evaluation import sandbox
+
+    model, tok = lm
+    generated = []
+    real = ev._timed_generate
+    monkeypatch.setattr(ev, "_timed_generate", lambda *a, **k: generated.append(k.get("desc")) or real(*a, **k))
+    monkeypatch.setenv("ATLAS_SANDBOX_MODE", "no-such-mode")
+    sandbox._reset_for_tests()
+    try:
+        with pytest.raises(RuntimeError, match="no sandbox mode works on this machine"):
+            ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False, progress=False)
+        assert not [d for d in generated if d and d.startswith("code")]
+    finally:
+        monkeypatch.delenv("ATLAS_SANDBOX_MODE")
+        sandbox._reset_for_tests()
 
 
 def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """Real benchmarks through the real path: every HumanEval canonical solution and every MBPP
 reference solution (full 974 and sanitized 427, converted with ``mbpp_to_humaneval``) passes in
-the sandbox via ``build_program``; wrong completions fail.
+the sandbox via ``build_check`` (test and solution in separate processes, values crossing as
+plain data); wrong completions fail.
 
 The files are read directly (json/gzip) from ``<repo>/../shared/data``; the tests skip when that
 folder is absent. All 974 MBPP references pass after conversion, so there is no exception list.
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.evaluation.code_completion import build_program, mbpp_to_humaneval
-from experiments.evaluation.sandbox import SandboxLimits, check_programs
+from experiments.evaluation.code_completion import build_check, mbpp_to_humaneval
+from experiments.evaluation.sandbox import SandboxLimits, check_solutions
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)
@@ -45,8 +46,8 @@ def mbpp_sanitized() -> list[dict]:
 
 
 def _failures(problems: list[dict], completions: list[str]) -> list[tuple[str, str, str]]:
-    programs = [build_program(p, c) for p, c in zip(problems, completions)]
-    results = check_programs(programs, LIMITS, workers=2)
+    checks = [build_check(p, c) for p, c in zip(problems, completions)]
+    results = check_solutions(checks, LIMITS, workers=2)
     return [(p["task_id"], r.status, r.reason) for p, r in zip(problems, results) if not r.passed]
 
 
@@ -65,7 +66,7 @@ def test_humaneval_wrong_completions_fail(humaneval):
     p = humaneval[0]
     chat = f"Sure:\n```python\n{p['prompt']}{p['canonical_solution']}```\n"
     broken = f"```python\ndef {p['entry_point']}(*args):\n    return 'nope'\n```"
-    results = check_programs([build_program(p, chat), build_program(p, broken)], LIMITS)
+    results = check_solutions([build_check(p, chat), build_check(p, broken)], LIMITS)
     assert [r.status for r in results] == ["passed", "failed"]
 
 

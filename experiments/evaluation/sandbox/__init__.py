@@ -1,0 +1,150 @@
+"""Run model-generated solutions against their tests in a sandbox and report whether each passed.
+
+Each check runs as two sandboxed processes: the benchmark's test, which alone decides the verdict,
+and the solution, which only answers calls with plain data. The solution's process has no view of
+the repository, the benchmark files, the home directory or caches (bubblewrap builds a root that
+holds only the interpreter and its packages), no network, its own uid and PID namespace, and its
+memory and process count bounded in total by a cgroup. A solution that hangs, forks without end,
+allocates 10 GB, fills the disk, reads the tests, patches the interpreter or tries to forge the
+verdict costs only its own result. ``docs/sandbox.md`` describes the design, the isolation modes,
+where each limit comes from, and what the sandbox does not defend against.
+
+Public API: :class:`Check`, :class:`SandboxLimits`, :class:`ExecutionResult`, :data:`STATUSES`,
+:func:`check_solution`, :func:`check_solutions`, :func:`isolation_report`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Sequence
+
+from experiments.evaluation.sandbox import isolation
+from experiments.evaluation.sandbox.run import STATUSES, Check, ExecutionResult, SandboxLimits, run_pair
+
+__all__ = [
+    "STATUSES",
+    "Check",
+    "ExecutionResult",
+    "SandboxLimits",
+    "check_solution",
+    "check_solutions",
+    "isolation_report",
+]
+
+log = isolation.log
+
+_plan_lock = threading.Lock()
+_plan: isolation.Plan | None = None
+_report: dict | None = None
+_plan_error: str | None = None
+
+
+def _get_plan() -> isolation.Plan:
+    global _plan, _report, _plan_error
+    if _plan is not None:
+        return _plan
+    with _plan_lock:
+        if _plan is not None:
+            return _plan
+        if _plan_error is not None:
+            raise RuntimeError(_plan_error)
+        forced = os.environ.get(isolation.MODE_ENV)
+        modes = (forced,) if forced else (isolation.MODES_ROOT if os.geteuid() == 0 else isolation.MODES_USER)
+        fallbacks: list[str] = []
+        for mode in modes:
+            try:
+                plan = isolation.make_plan(mode)
+                facts = isolation.probe(plan, run_pair)
+            except Exception as exc:  # noqa: BLE001 - every failure is a reason to fall back
+                fallbacks.append(f"mode {mode!r} unavailable: {type(exc).__name__}: {exc}")
+                continue
+            report = isolation.describe(plan, facts, fallbacks)
+            if mode != modes[0] or not report["files_hidden"] or not report["network_isolated"]:
+                log.warning("sandbox running in degraded mode %r (files hidden: %s, network isolated: %s): %s", mode,
+                            report["files_hidden"], report["network_isolated"], "; ".join(fallbacks) or "forced")
+            if not report["processes_limited"]:
+                log.warning("sandbox runs solutions as root without a process limit: fork bombs are bounded only by the wall clock")
+            if not report["memory_bounded_in_total"]:
+                log.warning("sandbox memory is bounded per process only: %s", report["memory_limit"])
+            _report, _plan = report, plan
+            return plan
+        _plan_error = "no sandbox mode works on this machine: " + "; ".join(fallbacks)
+        raise RuntimeError(_plan_error)
+
+
+def _reset_for_tests() -> None:
+    """Forget the detected plan (tests switch modes through ATLAS_SANDBOX_MODE)."""
+    global _plan, _report, _plan_error
+    with _plan_lock:
+        _plan = None
+        _report = None
+        _plan_error = None
+
+
+def isolation_report() -> dict:
+    """What isolation is in force on this machine, as observed by a probe solution inside it.
+
+    Keys include ``mode`` ('bwrap': root with bubblewrap -- a new root filesystem, PID,
+    network, IPC and UTS namespaces plus a leased unprivileged uid; 'bwrap-userns': the same in
+    a user namespace; 'setuid': root without bubblewrap, uid only; 'plain': resource limits
+    only), ``files_hidden`` (the solution sees neither the repository, nor the benchmark data,
+    nor the home directory or caches; ``visible_host_paths`` lists what it does see),
+    ``network_isolated``, ``pid_namespace``, ``filesystem_protected``, ``processes_limited``,
+    ``memory_bounded_in_total`` (a cgroup holds all of the solution's processes),
+    ``imports_checked``, ``fallbacks`` (why better modes were not used) and ``probe`` (the raw
+    observations). Raises RuntimeError when no mode works, for instance when the interpreter's
+    imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
+    """
+    _get_plan()
+    assert _report is not None
+    return json.loads(json.dumps(_report))
+
+
+def check_solution(check: Check, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
+    """Run one :class:`Check` (its test and its solution, each in its own sandbox); see ``STATUSES``."""
+    if check.invalid is not None:
+        return ExecutionResult(False, "invalid", check.invalid, None, 0.0)
+    try:
+        plan = _get_plan()
+    except RuntimeError as exc:
+        return ExecutionResult(False, "sandbox_error", str(exc), None, 0.0)
+    return run_pair(plan, check, limits)
+
+
+def check_solutions(
+    checks: Sequence[Check],
+    limits: SandboxLimits = SandboxLimits(),
+    workers: int = 2,
+    progress: bool = False,
+) -> list[ExecutionResult]:
+    """:func:`check_solution` over many checks with at most ``workers`` running at once.
+
+    Results come back in the order of ``checks``. ``progress`` shows a tqdm bar on stderr.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if not checks:
+        return []
+    results: list[ExecutionResult | None] = [None] * len(checks)
+    with contextlib.suppress(RuntimeError):  # each result then reports the sandbox_error
+        _get_plan()  # detect once, before the threads start
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(checks), desc="sandbox", unit="check")
+    try:
+        with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
+            futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [r for r in results if r is not None]
