@@ -42,8 +42,8 @@ STATUSES = {
 }
 
 _DRAIN_SECONDS = 0.5
-#: How long the solution may take to exit after the test process has ended without a verdict of
-#: its own (its exit status then explains the failure).
+#: How long the solution may take to exit after the test process has ended (its output and its
+#: exit status arrive; then it is killed).
 _SOLUTION_GRACE_SECONDS = 0.5
 _STATUS_CAP = 1 << 16
 _STDERR_TAIL = 2048
@@ -480,11 +480,10 @@ def _wait(test: _Child, solution: _Child, deadline: float) -> bool:
                     child.pidfd = None
             now = time.monotonic()
             if test.done and not solution.done:
-                # The verdict is in. Without a pass, give the solution a moment to end on its own,
-                # so that its exit status (a signal, a limit) can explain the failure.
-                if "done" in test.status.events():
-                    _terminate(solution)
-                elif solution_deadline is None:
+                # The verdict is in. Give the solution a moment to end on its own (it sees the
+                # test's end of file): its last output arrives, and after a failure its exit status
+                # (a signal, a limit) can explain it. One that lingers is killed.
+                if solution_deadline is None:
                     solution_deadline = now + _SOLUTION_GRACE_SECONDS
                 elif now >= solution_deadline:
                     _terminate(solution)

@@ -55,7 +55,7 @@ def run_completions(completions: dict[str, str]) -> dict:
 # False passes: every one must fail, with a reason
 
 #: Fake status lines in every format the parent could read.
-FORGED = "b'done\\\\t1\\\\n' + b'ready\\\\n' + b'done\\\\n'"
+FORGED = "b'done\\t1\\n' + b'ready\\n' + b'done\\n'"
 
 FALSE_PASS_ATTACKS = {
     # A decorator on the test's `def check`, in both completion styles.
@@ -178,11 +178,19 @@ FALSE_PASS_ATTACKS = {
     """),
     # Frames of its own making on the reply pipe: not a reply, or a class the test has.
     "crafted reply frames": body("""
-        import gc, json, os
+        import gc, os, sys
+        wire = sys.modules["wire"]
         fd = next(o["send_fd"] for o in gc.get_objects() if isinstance(o, dict) and "send_fd" in o)
         for message in ({"op": "done"}, {"op": "return", "value": {"object": ["check", []]}}):
-            data = json.dumps(message).encode()
+            data = wire.dumps(message)
             os.write(fd, len(data).to_bytes(8, "big") + data)
+        return 0
+    """),
+    "crafted JSON frames": body("""
+        import gc, json, os
+        fd = next(o["send_fd"] for o in gc.get_objects() if isinstance(o, dict) and "send_fd" in o)
+        data = json.dumps({"op": "return", "value": 4}).encode()
+        os.write(fd, len(data).to_bytes(8, "big") + data)
         return 0
     """),
     "oversized header": body("""
@@ -259,6 +267,7 @@ def test_the_reasons_say_what_happened(false_passes):
     assert "cannot cross" in false_passes["generator of always-equal"].reason
     assert "add_three(1) returned 0" in false_passes["settrace swapping the candidate"].reason
     assert "not a reply" in false_passes["crafted reply frames"].reason
+    assert "malformed message" in false_passes["crafted JSON frames"].reason
     assert "exceeds the limit" in false_passes["oversized header"].reason
     assert false_passes["exception named AssertionError with a done message"].reason.startswith("AssertionError raised by the solution")
     assert "sys.exit(0)" in false_passes["sys.exit(0) inside a lazily returned generator"].reason
@@ -351,9 +360,15 @@ def add_three(n):
 '''
 
 
-def test_the_solution_finds_no_benchmark_file_no_checkout_no_home(report):
-    if not report["files_hidden"]:
+def _needs_bubblewrap(report: dict) -> None:
+    # On the mode, not on the report's own `files_hidden`: a sandbox that stopped hiding files
+    # must fail these tests, not skip them.
+    if report["mode"] not in ("bwrap", "bwrap-userns"):
         pytest.skip(f"sandbox mode {report['mode']!r} shows the host filesystem: {report['filesystem']}")
+
+
+def test_the_solution_finds_no_benchmark_file_no_checkout_no_home(report):
+    _needs_bubblewrap(report)
     completion = READER.replace("SECRETS", repr(_secret_paths()))
     result = check_solution(build_check(PROBLEM, completion), SandboxLimits(wall_seconds=60, cpu_seconds=50))
     assert set(result.stdout.split()) == {"[]"}, result.stdout  # one line per call, nothing found
@@ -381,8 +396,7 @@ def test_the_solution_sees_only_its_own_processes(report):
 
 
 def test_a_new_user_namespace_reveals_nothing_more(report):
-    if not report["files_hidden"]:
-        pytest.skip(f"sandbox mode {report['mode']!r} shows the host filesystem")
+    _needs_bubblewrap(report)
     completion = body(f"""
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
@@ -484,8 +498,7 @@ def test_a_virtual_environment_under_tmp_imports_its_packages(tmp_path, report):
 def test_imports_that_would_break_fail_loudly(monkeypatch, report):
     from experiments.evaluation import sandbox
 
-    if not report["files_hidden"]:
-        pytest.skip(f"sandbox mode {report['mode']!r} shows the whole host filesystem: every directory is visible")
+    _needs_bubblewrap(report)
     # A site-packages directory the sandbox does not expose: the probe must refuse the mode.
     mode = report["mode"]
     monkeypatch.setenv("ATLAS_SANDBOX_MODE", mode)

@@ -108,7 +108,9 @@ def serve_solution(source, cfg):
             break
         if request is None:
             break  # the test is over
-        _reply(send_fd, _call(module, entry_point, request, path, lines, send_fd))
+        reply = _call(module, entry_point, request, path, lines, send_fd)
+        _flush()  # the solution's output up to this call, before the test may end
+        _reply(send_fd, reply)
     _flush()
     os._exit(0)
 

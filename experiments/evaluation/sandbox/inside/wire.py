@@ -2,21 +2,22 @@
 
 The test of a code problem and the solution under test run in two separate sandboxed processes
 (``docs/sandbox.md``). Every call from the test into the solution, and every value coming back,
-crosses between them as a message of this module: JSON text in which each value keeps its exact
-type. ``True`` stays a ``bool`` and ``1`` an ``int``, a tuple stays a tuple, a set a set; an
+crosses between them as a message of this module, in which each value keeps its exact type. ``True`` stays a ``bool`` and ``1`` an ``int``, a tuple stays a tuple, a set a set; an
 object whose ``__eq__`` always answers True, a callable, a frame or a module cannot cross at all,
 so the test only ever compares plain data that it rebuilt itself.
 
 Written here rather than imported: ``pickle`` runs arbitrary callables while loading and
 ``marshal`` is documented as unsafe for untrusted input, so neither may read what the solution
-sends; plain ``json`` loses the distinctions above (tuple vs list, int vs bool keys, sets, bytes).
-Standard library only: this file runs inside both sandboxed processes.
+sends; ``json`` loses the distinctions above (tuple vs list, int vs bool keys, sets, bytes), and
+importing it (with ``re`` and ``enum``) costs each sandboxed process more than the rest of its
+start-up. Standard library only: this file runs inside both sandboxed processes.
 
-Encoding (``encode`` -> JSON-ready structure, ``decode`` <- it):
+Values (``encode`` -> a tree of ``None``/``bool``/``int``/``float``/``str``/``list`` and
+``dict`` with string keys; ``decode`` <- it):
 
 * ``None``, ``bool``, ``str``, ``float`` (NaN and infinities included, round-trip exact) and
-  ``int`` below 2**53 in magnitude: the JSON value itself; a ``list``: a JSON array.
-* every other value: an object with one key naming its type -- ``int`` (hex digits, any size),
+  ``int`` below 2**53 in magnitude: themselves; a ``list``: a list.
+* every other value: a dict with one key naming its type -- ``int`` (hex digits, any size),
   ``tuple``, ``dict`` (a list of key/value pairs: keys of any type), ``set``, ``frozenset``,
   ``bytes``, ``bytearray``, ``complex``, ``range``, ``slice``, ``ellipsis``, ``decimal``,
   ``fraction``, ``OrderedDict``, ``Counter``, ``defaultdict`` (a builtin default factory only),
@@ -29,14 +30,18 @@ Encoding (``encode`` -> JSON-ready structure, ``decode`` <- it):
 * a value of a subclass of ``int``, ``float``, ``str``, ``bytes``, ``tuple``, ``list``, ``dict``,
   ``set`` or ``frozenset`` (an ``IntEnum``, ``numpy.float64``, a namedtuple the other side does
   not define) crosses as that builtin; a numpy scalar as its ``.item()``.
+
+Messages (``dumps``/``loads`` of such a tree; ``send``/``recv`` frame them with an 8-byte
+big-endian length): ``N``, ``T``, ``F``; ``I<hex>;`` an int; ``D<float.hex()>;`` a float;
+``S<n>:<n bytes of UTF-8>`` a string; ``L<n>:`` a list of n values; ``M<n>:`` n string keys, each
+followed by its value. The reader checks every length against what is left and bounds nesting.
 """
 
 import builtins
-import json
 import os
 import sys
 
-__all__ = ["MAX_DEPTH", "MAX_ITEMS", "Match", "WireError", "decode", "encode", "recv", "send"]
+__all__ = ["MAX_DEPTH", "MAX_ITEMS", "Match", "WireError", "decode", "dumps", "encode", "loads", "recv", "send"]
 
 #: Deepest nesting of containers that crosses (deeper values are refused, not truncated).
 MAX_DEPTH = 100
@@ -135,7 +140,7 @@ class _Encoder:
             return {"fraction": self._seq((value.numerator, value.denominator), depth)}
         if module == "re" and t is _loaded("re", "Match"):
             spans = [list(value.span(i)) for i in range(len(value.regs))]
-            names = sorted(value.re.groupindex.items())
+            names = [[name, index] for name, index in sorted(value.re.groupindex.items())]
             return {"re.Match": [self.encode(value.string, depth), value.pos, value.endpos, spans, names,
                                  self.encode(value.re.pattern, depth)]}
         if t is type and getattr(builtins, getattr(value, "__name__", ""), None) is value:
@@ -364,12 +369,127 @@ def _ints(values, n):
 
 
 # --------------------------------------------------------------------------------------------
-# Framing: an 8-byte big-endian length, then that many bytes of UTF-8 JSON.
+# Messages and framing
+
+#: Deepest nesting of a message's tree (each value level adds up to two: a tag and its list).
+_MAX_NEST = 2 * MAX_DEPTH + 16
+
+
+def dumps(tree) -> bytes:
+    """The bytes of a message tree (see the module docstring); :class:`WireError` on anything else."""
+    out = []
+    _dump(tree, out.append, 0)
+    return b"".join(out)
+
+
+def _dump(value, put, depth):
+    if depth > _MAX_NEST:
+        raise WireError("a message nested too deeply")
+    t = type(value)
+    if value is None:
+        put(b"N")
+    elif value is True:
+        put(b"T")
+    elif value is False:
+        put(b"F")
+    elif t is int:
+        put(b"I%x;" % value)
+    elif t is float:
+        put(b"D" + value.hex().encode("ascii") + b";")
+    elif t is str:
+        data = value.encode("utf-8", "surrogatepass")
+        put(b"S%d:" % len(data))
+        put(data)
+    elif t is list:
+        put(b"L%d:" % len(value))
+        for item in value:
+            _dump(item, put, depth + 1)
+    elif t is dict:
+        put(b"M%d:" % len(value))
+        for key, item in value.items():
+            if type(key) is not str:
+                raise WireError("a message key that is not a string")
+            _dump(key, put, depth + 1)
+            _dump(item, put, depth + 1)
+    else:
+        raise WireError("a message part of type %s" % t.__name__)
+
+
+def loads(data: bytes):
+    """The message tree in ``data``; :class:`WireError` for anything malformed or trailing."""
+    reader = _Reader(bytes(data))
+    tree = reader.value(0)
+    if reader.pos != len(reader.data):
+        raise WireError("malformed message (trailing bytes)")
+    return tree
+
+
+class _Reader:
+    def __init__(self, data):
+        self.data = data
+        self.pos = 0
+
+    def _field(self, end, limit):
+        stop = self.data.find(end, self.pos, self.pos + limit + 1)
+        if stop < 0:
+            raise WireError("malformed message")
+        text = self.data[self.pos : stop]
+        self.pos = stop + 1
+        return text
+
+    def _count(self):
+        text = self._field(b":", 20)
+        if not text.isdigit():
+            raise WireError("malformed message")
+        count = int(text)
+        if count > len(self.data) - self.pos:
+            raise WireError("malformed message (a length beyond its end)")
+        return count
+
+    def value(self, depth):
+        if depth > _MAX_NEST:
+            raise WireError("a message nested too deeply")
+        if self.pos >= len(self.data):
+            raise WireError("malformed message (truncated)")
+        kind = self.data[self.pos : self.pos + 1]
+        self.pos += 1
+        if kind == b"N":
+            return None
+        if kind == b"T":
+            return True
+        if kind == b"F":
+            return False
+        try:
+            if kind == b"I":
+                return int(self._field(b";", len(self.data)), 16)
+            if kind == b"D":
+                return float.fromhex(self._field(b";", 40).decode("ascii"))
+        except ValueError:
+            raise WireError("malformed message (a number)") from None
+        if kind == b"S":
+            count = self._count()
+            text = self.data[self.pos : self.pos + count]
+            self.pos += count
+            try:
+                return text.decode("utf-8", "surrogatepass")
+            except UnicodeDecodeError:
+                raise WireError("malformed message (text)") from None
+        if kind == b"L":
+            return [self.value(depth + 1) for _ in range(self._count())]
+        if kind == b"M":
+            out = {}
+            for _ in range(self._count()):
+                key = self.value(depth + 1)
+                if type(key) is not str:
+                    raise WireError("malformed message (a key that is not a string)")
+                out[key] = self.value(depth + 1)
+            return out
+        raise WireError("malformed message (unknown part %r)" % kind)
 
 
 def send(fd: int, message) -> None:
-    """Write one message (a JSON-ready structure) to ``fd``, blocking until all of it is written."""
-    data = json.dumps(message, separators=(",", ":"), allow_nan=True).encode("utf-8", "surrogatepass")
+    """Write one message (a tree) to ``fd``, blocking until all of it is written."""
+    data = dumps(message)
     view = memoryview(len(data).to_bytes(_HEADER, "big") + data)
     while view:
         view = view[os.write(fd, view):]
@@ -378,8 +498,8 @@ def send(fd: int, message) -> None:
 def recv(fd: int, max_bytes: int):
     """Read one message from ``fd``; None at end of file before a message starts.
 
-    :class:`WireError` for a truncated message, one longer than ``max_bytes`` or one that is not
-    JSON. Reads exactly the message's bytes (no read-ahead buffer holds anything more).
+    :class:`WireError` for a truncated or malformed message or one longer than ``max_bytes``.
+    Reads exactly the message's bytes (no read-ahead buffer holds anything more).
     """
     header = _read_exact(fd, _HEADER)
     if header is None:
@@ -390,10 +510,7 @@ def recv(fd: int, max_bytes: int):
     body = _read_exact(fd, size) if size else b""
     if body is None:
         raise WireError("the message ended early")
-    try:
-        return json.loads(body.decode("utf-8", "surrogatepass"))
-    except (ValueError, RecursionError) as exc:
-        raise WireError("malformed message (%s)" % type(exc).__name__) from None
+    return loads(body)
 
 
 def _read_exact(fd, n):
