@@ -38,7 +38,8 @@ STATUSES = {
     "memory": "MemoryError under the address-space limit (RLIMIT_AS), or the solution's processes together over "
     "the memory limit of its cgroup",
     "killed": "the solution was ended by a signal: segmentation fault, file-size limit (SIGXFSZ), SIGKILL, ...",
-    "sandbox_error": "the sandbox could not start or set up a process, or the benchmark's test failed to load",
+    "sandbox_error": "the sandbox could not start or set up a process, or the benchmark's test failed to load or "
+    "passed an argument that cannot cross to the solution",
 }
 
 _DRAIN_SECONDS = 0.5
@@ -313,7 +314,8 @@ def _classify(test: _Child, solution: _Child, timed_out: bool, limits: SandboxLi
         return "passed", ""
     if "error" in t_ev:
         kind, _name, reason = (t_ev["error"] + ["", "", ""])[:3]
-        if kind == "test_load":
+        if kind in ("test_load", "argument"):
+            # The benchmark's own code failed, not the solution: never count it as a failed solution.
             return "sandbox_error", reason
         if kind in ("gone", "load", "memory"):
             fate = _solution_fate(solution, s_ev, limits, oom_kills)

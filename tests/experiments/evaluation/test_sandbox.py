@@ -101,6 +101,12 @@ def test_a_test_that_does_not_load_is_a_sandbox_error():
     assert result.status == "sandbox_error" and "the test failed to load: ModuleNotFoundError" in result.reason
 
 
+def test_a_test_argument_that_cannot_cross_is_a_sandbox_error_not_a_failed_solution():
+    result = check_solution(Check("def f(g):\n    return g(1)\n", "def check(candidate):\n    assert candidate(lambda x: x + 1) == 2\n", "f"), FAST)
+    assert result.status == "sandbox_error", result
+    assert "an argument of f(<function check.<locals>.<lambda>" in result.reason and "cannot cross to the solution" in result.reason
+
+
 @pytest.mark.parametrize(
     "check",
     [
