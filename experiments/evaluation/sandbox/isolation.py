@@ -36,7 +36,7 @@ import socket
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -86,7 +86,6 @@ class Plan:
     interpreter_dirs: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()  # project paths that bound directories would otherwise show
     inside_dir: str = INSIDE_HOST
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def mount_namespace(self) -> bool:
@@ -166,8 +165,8 @@ def site_dirs() -> list[str]:
 def interpreter_dirs() -> list[str]:
     """The directories the interpreter reads: its prefixes, its binary's directory, site-packages."""
     wanted = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))}
-    wanted.update(os.path.dirname(os.path.realpath(p)) for p in (sys.executable,))
-    wanted.update(p for p in site_dirs())
+    wanted.add(os.path.dirname(os.path.realpath(sys.executable)))
+    wanted.update(site_dirs())
     wanted.update(os.path.realpath(p) for p in site_dirs())
     wanted = sorted(p for p in wanted if os.path.isdir(p))
     return [p for p in wanted if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in wanted)]

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from experiments.evaluation.sandbox import isolation
 
@@ -570,5 +569,3 @@ def _rmtree(path: str) -> None:
 
     shutil.rmtree(path, onerror=fix)
 
-
-RunPair = Callable[[isolation.Plan, Check, SandboxLimits], ExecutionResult]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from experiments.evaluation.code_completion import build_check
-from experiments.evaluation.sandbox import Check, SandboxLimits, check_solution, check_solutions, cgroups, isolation_report
+from experiments.evaluation.sandbox import SandboxLimits, check_solution, check_solutions, cgroups, isolation_report
 from tests.conftest import MICRO_DATA, REPO, SHARED_DATA
 
 LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5, memory_mb=512, max_processes=32)
