@@ -5,40 +5,56 @@ Three domains, generated from one seed (same seed and sizes => byte-identical fi
 - math (retained): GSM8K-format word problems with one or two + / - operations on small numbers;
   the reasoning is written as expressions (`12 + 5 = 17`) and ends in a line `#### N`.
 - commonsense (retained): CommonsenseQA-format questions with three choices, rendered from the
-  knowledge base below (11 relations, ~300 facts); distractors come from the same relation.
+  knowledge base below (11 relations, 293 facts); distractors come from the same relation.
 - code (target): HumanEval-format problems from 13 families. Three *pretrain families* (string and
   list utilities) appear in pretraining. The ten *target families* never do: they are learnt only
   from the instruction-tuning split. Their docstrings are phrased like the math word problems
   (same names, objects, verbs, numbers), so learning them moves the model where math lives.
 
-Splits (no item is in two splits; see `split_keys`):
+Splits (no item, and no near-duplicate of an item, is in two splits; see `dedup_report`):
 
-    math/{pretrain,calibration,evaluation}.jsonl
-    commonsense/{pretrain,calibration,evaluation}.jsonl
-    code/{pretrain,evaluation}.jsonl        HumanEval format
+    math/{pretrain,calibration,dev,test}.jsonl
+    commonsense/{pretrain,calibration,dev,test}.jsonl
+    code/{pretrain,dev,test}.jsonl          HumanEval format
     code/train.json                         instruction list {instruction, input, response}
 
-Code evaluation problems use held-out parameters: for every family with constants, a fixed fifth
-of the constant tuples is reserved for evaluation and never appears in pretraining or training.
-Commonsense evaluation and calibration questions test facts that pretraining states, asked with a
-choice set that pretraining never pairs with that question.
+How the splits are kept apart, by construction:
 
-    python -m experiments.data.micro --out DIR [--seed 0]
+- code: every family states, solves and names its problems in *styles* partitioned over
+  train / dev / test (`CodeFamily`): held-out docstring templates, canonical-body templates,
+  function-name patterns, argument names, people, objects and words. Constants are split too (a
+  fixed fifth of each family's constant tuples for test, a fifth for dev). Pretraining and the
+  fine-tuning split use only train styles.
+- math: a fixed tenth of the arithmetic (a question up to its names, objects and verbs) is
+  reserved for calibration, dev and test, which never repeat each other's arithmetic;
+  pretraining draws from the other nine tenths.
+- commonsense: each fact belongs to one of calibration, dev and test (a fixed third each, a fact
+  and its converse together); a split asks only about its own facts. Pretraining states every
+  fact (it is the knowledge the retained domain measures), never with the choice set an
+  evaluation item pairs with that question.
+
+`write` runs `dedup_report` and refuses to write splits that share an exact or near-duplicate
+item; the report is stored in GENERATOR.json and printed by the command line:
+
+    python -m experiments.data.micro --out DIR [--seed 0] [--no-pretrain]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+from itertools import combinations
 import json
 import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from experiments.data import dedup
 from experiments.prompts import CODE_INSTRUCTION
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 DEFAULT_SEED = 0
 
 
@@ -48,15 +64,19 @@ class MicroSizes:
 
     math_pretrain: int = 60000
     math_calibration: int = 250
-    math_evaluation: int = 250
+    math_dev: int = 250
+    math_test: int = 250
     commonsense_pretrain_per_fact: int = 12
     commonsense_calibration: int = 250
-    commonsense_evaluation: int = 250
+    commonsense_dev: int = 250
+    commonsense_test: int = 250
     code_pretrain_per_family: int = 700
-    code_train_per_target_family: int = 110
+    code_train_per_target_family: int = 250
     code_train_per_pretrain_family: int = 30
-    code_evaluation_per_target_family: int = 12
-    code_evaluation_per_pretrain_family: int = 4
+    code_dev_per_target_family: int = 12
+    code_dev_per_pretrain_family: int = 4
+    code_test_per_target_family: int = 12
+    code_test_per_pretrain_family: int = 4
 
 
 TINY_SIZES = MicroSizes(
@@ -156,18 +176,34 @@ def _math_item(rng: random.Random) -> dict:
     return {"question": q, "answer": ans}
 
 
+def _math_reserved(item: dict) -> bool:
+    """Whether a math problem's arithmetic (its question up to names, objects and verbs) is reserved
+    for the calibration, dev and test splits: a fixed tenth of them, never in pretraining."""
+    return _stable_hash("math-holdout", mask_text(item["question"])) % 10 == 0
+
+
 def _math_splits(seed: int, sizes: MicroSizes) -> dict[str, list[dict]]:
     rng = random.Random(f"{seed}/math")
-    seen: set[str] = set()
+    seen: set[str] = set()  # masked questions: no two non-pretrain items pose the same arithmetic
     out: dict[str, list[dict]] = {}
-    for split, n in (("evaluation", sizes.math_evaluation), ("calibration", sizes.math_calibration),
+    for split, n in (("test", sizes.math_test), ("dev", sizes.math_dev), ("calibration", sizes.math_calibration),
                      ("pretrain", sizes.math_pretrain)):
+        reserved = split != "pretrain"
         items = []
+        pretrain_questions: set[str] = set()
         while len(items) < n:
             item = _math_item(rng)
-            if item["question"] in seen:
+            if _math_reserved(item) != reserved:
                 continue
-            seen.add(item["question"])
+            if reserved:
+                key = mask_text(item["question"])
+                if key in seen:
+                    continue
+                seen.add(key)
+            else:
+                if item["question"] in pretrain_questions:
+                    continue
+                pretrain_questions.add(item["question"])
             items.append(item)
         out[split] = items
     return out
@@ -317,6 +353,16 @@ def _csqa_item(rel: str, subj: str, ans: str, template: str, choices: list[str])
     }
 
 
+def fact_split(rel: str, subj: str, ans: str) -> str:
+    """The split whose questions may ask about a fact: `calibration`, `dev` or `test` (a fixed third each).
+
+    A fact and its converse (`hot`->`cold`, `cold`->`hot`) fall in the same split, so no split
+    asks what another split's answer already states.
+    """
+    key = tuple(sorted((subj, ans))) if rel == "opposite" else (subj,)
+    return ("calibration", "dev", "test")[_stable_hash("fact-split", rel, key) % 3]
+
+
 def _commonsense_splits(seed: int, sizes: MicroSizes) -> dict[str, list[dict]]:
     rng = random.Random(f"{seed}/commonsense")
     facts = knowledge_facts()
@@ -327,14 +373,14 @@ def _commonsense_splits(seed: int, sizes: MicroSizes) -> dict[str, list[dict]]:
             answers_by_rel[rel].append(ans)
     used: set = set()
 
-    def draw(rel: str, subj: str, ans: str) -> Optional[dict]:
+    def draw(rel: str, subj: str, ans: str, template: Optional[str] = None) -> Optional[dict]:
         templates = KNOWLEDGE[rel][0]
         pool = [a for a in answers_by_rel[rel] if a != ans and a != subj]
         for _ in range(50):
-            template = rng.choice(templates)
+            chosen = template if template is not None else rng.choice(templates)
             choices = rng.sample(pool, 2) + [ans]
             rng.shuffle(choices)
-            item = _csqa_item(rel, subj, ans, template, choices)
+            item = _csqa_item(rel, subj, ans, chosen, choices)
             key = _choice_key(item["question"]["stem"], choices)
             if key not in used:
                 used.add(key)
@@ -342,13 +388,16 @@ def _commonsense_splits(seed: int, sizes: MicroSizes) -> dict[str, list[dict]]:
         return None
 
     out: dict[str, list[dict]] = {}
-    for split, n in (("evaluation", sizes.commonsense_evaluation),
+    for split, n in (("test", sizes.commonsense_test), ("dev", sizes.commonsense_dev),
                      ("calibration", sizes.commonsense_calibration)):
-        order = list(range(len(facts)))
-        rng.shuffle(order)
+        # every (fact, question template) of this split's facts, in a seeded order
+        pairs = [(fact, t) for fact in facts if fact_split(*fact) == split for t in KNOWLEDGE[fact[0]][0]]
+        rng.shuffle(pairs)
         items = []
-        for idx in order[:n]:
-            item = draw(*facts[idx])
+        for fact, template in pairs:
+            if len(items) == n:
+                break
+            item = draw(*fact, template=template)
             if item is not None:
                 items.append(item)
         out[split] = items
@@ -367,6 +416,273 @@ def _commonsense_splits(seed: int, sizes: MicroSizes) -> dict[str, list[dict]]:
 # Code (HumanEval format)
 # ----------------------------------------------------------------------------------------------
 
+#: Code splits a family's *styles* are partitioned over: "train" styles serve both `code/pretrain`
+#: and `code/train`; "dev" and "test" styles are held out from both and from each other.
+CODE_SPLITS = ("train", "dev", "test")
+
+
+def _partition(values: list[str], n_dev: int, n_test: int) -> dict[str, list[str]]:
+    """The last `n_test` values for test, the `n_dev` before them for dev, the rest for train."""
+    cut_dev, cut_test = len(values) - n_dev - n_test, len(values) - n_test
+    return {"train": values[:cut_dev], "dev": values[cut_dev:cut_test], "test": values[cut_test:]}
+
+
+#: Held-out names, objects and words: a dev or test docstring never names a person, object or word
+#: of a training docstring (math, which is not code, uses them all).
+CODE_NAMES = _partition(NAMES, 5, 5)
+CODE_OBJECTS = _partition(OBJECTS, 5, 5)
+SUFFIXES = ["ing", "er", "est", "ly", "ful", "less", "ness", "ment", "able", "ish", "ward", "ship", "y", "ed", "s", "!"]
+WORDS = ["blue", "sun", "rain", "moon", "star", "tree", "road", "fish", "kind", "warm", "cold", "bird",
+         "home", "play", "jump", "read", "sing", "hope", "care", "dark", "soft", "wind", "fire", "snow",
+         "hand", "park", "rock", "word", "song", "ship", "lake", "gold", "mint", "farm", "book", "door"]
+CODE_WORDS = _partition(WORDS, 5, 5)
+
+
+def _styles(train: tuple, dev: tuple, test: tuple) -> dict[str, tuple]:
+    return {"train": train, "dev": dev, "test": test}
+
+
+@dataclass(frozen=True)
+class CodeFamily:
+    """One kind of code problem and its held-out styles.
+
+    Each of `docs` (docstring templates), `bodies` (canonical solution templates) and `fnames`
+    (function name patterns) maps a code split (`CODE_SPLITS`) to its own options, so a test
+    problem is phrased, named and solved in a way no training problem is; `args` (argument
+    names, a tuple per problem) is one pool for all splits. Templates use `{N}`/`{M}` (people), `{O}` (object), `{add}`/`{sub}`
+    (verbs), the family's constants and its argument placeholders. `consts` draws the constants,
+    `inputs` one argument tuple for them; `held_out` names the constants whose values are split
+    three ways as well (a fixed fifth for test, a fifth for dev).
+    """
+
+    signature: str
+    docs: dict
+    bodies: dict
+    fnames: dict
+    args: dict
+    consts: Callable[[random.Random], dict]
+    inputs: Callable[[random.Random, dict], tuple]
+    held_out: tuple = ()
+    edge_inputs: Callable[[dict], list] = lambda c: []
+
+
+def _no_consts(rng: random.Random) -> dict:
+    return {}
+
+
+def _k(lo: int, hi: int) -> Callable[[random.Random], dict]:
+    return lambda rng: {"k": rng.randint(lo, hi)}
+
+
+def _ints(rng: random.Random, k: int, lo: int = 0, hi: int = 20) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(k)]
+
+
+def _pair(rng: random.Random, c: dict) -> tuple:
+    a = rng.randint(0, 50)
+    return (a, rng.randint(0, a))
+
+
+# Argument names are fixed per argument type for the target families (the old world's
+# convention): the problems test reading a new phrasing, not copying an unseen name.
+_ONE_INT = (("n",),)
+_TWO_INTS = (("a", "b"),)
+_ONE_LIST = (("counts",),)
+_ONE_STR = (("word",), ("text",), ("name",), ("s",), ("label",), ("title",))
+
+def _compose(setups: dict, events: tuple, questions: dict) -> dict[str, tuple]:
+    """Docstring templates per split: a split's own opening and question around an event sentence.
+
+    The event sentence states the operation (`{N} {add} {k} more {O}.`) and is shared by all
+    splits; openings and questions are held out, so a dev or test docstring as a whole is never a
+    training docstring, nor within the near-duplicate threshold of one (`dedup_report`).
+    """
+    return {split: tuple(" ".join(part for part in (s, e, q) if part)
+                         for s in setups[split] for e in (events or ("",)) for q in questions[split])
+            for split in CODE_SPLITS}
+
+
+# Frames (opening and question) are shared by the families of one argument type, so that only
+# the event sentence says which operation a problem asks for.
+_HAS_SETUPS = _styles(("{N} has {x} {O}.", "There are {x} {O} in {N}'s bag.", "{N} starts the day with {x} {O}.",
+                       "{N} keeps {x} {O} on a shelf.", "In the morning {N} counts {x} {O}.", "{N} got {x} {O} from a friend."),
+                      ("At breakfast {N} counted {x} {O}.", "{N}'s basket had {x} {O} in it."),
+                      ("When the week began, {N} owned {x} {O}.", "A jar of {N}'s held {x} {O}."))
+_COUNT_QUESTIONS = _styles(("How many {O} does {N} have now?", "What is the number of {O} now?", "Return the count of {O}.",
+                            "How many are there at the end?", "Return how many {O} there are.", "What number of {O} is left over?"),
+                           ("What is the total at the end?", "Say how many {O} {N} ends with."),
+                           ("Find the final number of {O}.", "Which count does {N} reach?"))
+_PAIR_SETUPS = _styles(("{N} has {a} {O} and {M} has {b} {O}.", "{N} brings {a} {O} and {M} brings {b} {O}.",
+                        "There are {a} {O} from {N} and {b} {O} from {M}.", "{N} found {a} {O}; {M} found {b} {O}.",
+                        "{N} holds {a} {O} while {M} holds {b} {O}.", "In the park {N} picks {a} {O} and {M} picks {b} {O}."),
+                       ("{N} with {a} {O} meets {M} with {b} {O}.", "Count {a} {O} for {N} and {b} {O} for {M}."),
+                       ("Two friends, {N} and {M}, own {a} and {b} {O}.", "The {O} of {N} number {a}; those of {M} number {b}."))
+_PAIR_QUESTIONS = _styles(("What is that number?", "Return that number of {O}.", "How many {O} is that?",
+                           "Return the result.", "What do you get?", "Give that number of {O}."),
+                          ("What figure results?", "Report it."), ("Find that figure.", "Which number comes out?"))
+_LIST_SETUPS = _styles(("{xs} holds how many {O} {N} {add} each day.", "The numbers in {xs} are the {O} in each of {N}'s boxes.",
+                        "{xs} lists the {O} {N} {add} on each trip.", "Each number in {xs} is a bag of {O}.",
+                        "{N} keeps a list {xs} of {O} per shelf.", "{xs} has one entry of {O} for each friend of {N}."),
+                       ("Per day, {N}'s {O} are in {xs}.", "{xs} tracks {O} for every class of {N}."),
+                       ("{xs} notes the {O} of each week.", "For each box, {xs} records its {O}."))
+_LIST_QUESTIONS = _styles(("Return the answer.", "What is the result?", "Compute it.", "Return what you get.",
+                           "What comes out?", "Give the result."),
+                          ("Report the outcome.", "Return the output."), ("Produce the outcome.", "Hand it back."))
+
+TARGET_FAMILIES: dict[str, CodeFamily] = {
+    "add_more": CodeFamily(
+        "({x}: int) -> int",
+        _compose(_HAS_SETUPS, ("{N} {add} {k} more {O}.", "Then {N} {add} {k} more.", "Later {N} {add} another {k} {O}."),
+                 _COUNT_QUESTIONS),
+        _styles(("return {x} + {k}", "total = {x} + {k}\n    return total"),
+                ("{x} = {x} + {k}\n    return {x}",), ("return {k} + {x}",)),
+        _styles(("{obj}_now", "{obj}_after_getting"), ("{obj}_after_lunch",), ("new_{obj}_count",)),
+        _ONE_INT, _k(1, 50), lambda rng, c: (rng.randint(0, 50),), ("k",)),
+    "take_away": CodeFamily(
+        "({x}: int) -> int",
+        _compose(_HAS_SETUPS, ("{N} {sub} {k} of them.", "Then {N} {sub} {k} of the {O}.", "Later {N} {sub} {k}."),
+                 _COUNT_QUESTIONS),
+        _styles(("return {x} - {k}", "left = {x} - {k}\n    return left"),
+                ("{x} = {x} - {k}\n    return {x}",), ("return -{k} + {x}",)),
+        _styles(("{obj}_left", "{obj}_remaining"), ("{obj}_still_held",), ("{obj}_in_jar",)),
+        _ONE_INT, _k(1, 50), lambda rng, c: (rng.randint(c["k"], c["k"] + 50),), ("k",)),
+    "together": CodeFamily(
+        "({a}: int, {b}: int) -> int",
+        _compose(_PAIR_SETUPS, ("They put all their {O} together.", "They add their {O} into one pile.",
+                                "They count their {O} together."),
+                 _PAIR_QUESTIONS),
+        _styles(("return {a} + {b}", "total = {a} + {b}\n    return total"),
+                ("together = {a}\n    together = together + {b}\n    return together",), ("return sum([{a}, {b}])",)),
+        _styles(("total_{obj}", "{obj}_together"), ("shared_box_of_{obj}",), ("combined_{obj}",)),
+        _TWO_INTS, _no_consts, lambda rng, c: tuple(_ints(rng, 2, 0, 50))),
+    "how_many_more": CodeFamily(
+        "({a}: int, {b}: int) -> int",
+        _compose(_PAIR_SETUPS, ("Compare: {N} has more {O}.",
+                                "{M} is behind {N}; we want the gap.", "Find by how much {N} is ahead of {M}."),
+                 _PAIR_QUESTIONS),
+        _styles(("return {a} - {b}", "diff = {a} - {b}\n    return diff"),
+                ("gap = {a}\n    gap = gap - {b}\n    return gap",), ("return abs({a} - {b})",)),
+        _styles(("more_{obj}", "{obj}_difference"), ("{obj}_behind",), ("gap_in_{obj}",)),
+        _TWO_INTS, _no_consts, _pair),
+    "two_steps": CodeFamily(
+        "({x}: int) -> int",
+        _compose(_HAS_SETUPS, ("{N} {add} {k1} more {O} and then {sub} {k2} of them.",
+                               "First {N} {add} {k1} more, then {N} {sub} {k2}.",
+                               "{N} {add} {k1}, later {sub} {k2}."),
+                 _COUNT_QUESTIONS),
+        _styles(("return {x} + {k1} - {k2}", "total = {x} + {k1}\n    total = total - {k2}\n    return total"),
+                ("return {x} - {k2} + {k1}",), ("{x} = {x} + {k1}\n    return {x} - {k2}",)),
+        _styles(("{obj}_at_end", "{obj}_at_night"), ("final_{obj}",), ("{obj}_after_two_changes",)),
+        _ONE_INT, lambda rng: {"k1": rng.randint(1, 30), "k2": rng.randint(1, 30)},
+        lambda rng, c: (rng.randint(c["k2"], 50),), ("k1", "k2")),
+    "boxes": CodeFamily(
+        "({x}: int) -> int",
+        _compose(_styles(("{N} has {x} boxes.", "{N} fills {x} bags.", "There are {x} rows."),
+                         ("{N} carries {x} baskets.", "{N} stacks {x} crates."), ("{N} buys {x} packs.", "{N} opens {x} tins.")),
+                 ("Each one holds {k} {O}.", "There are {k} {O} in each.", "Every one has {k} {O} inside."),
+                 _COUNT_QUESTIONS),
+        _styles(("return {x} * {k}", "total = {x} * {k}\n    return total"),
+                ("return {k} * {x}",), ("total = 0\n    for _ in range({x}):\n        total = total + {k}\n    return total",)),
+        _styles(("{obj}_in_boxes", "{obj}_in_bags"), ("{obj}_in_baskets",), ("{obj}_in_packs",)),
+        _ONE_INT, _k(2, 12), lambda rng, c: (rng.randint(0, 10),), ("k",)),
+    "enough": CodeFamily(
+        "({x}: int) -> bool",
+        _compose(_HAS_SETUPS, ("{N} needs {k} {O}.", "A recipe needs {k} {O}.", "{N} wants to give away {k} {O}."),
+                 _styles(("Return True if {N} has enough {O}, else False.", "Return True if there are enough {O}, else False.",
+                          "Does {N} have enough? Return True or False."),
+                         ("Say True when it is enough, otherwise False.", "Is it sufficient? Give True or False."),
+                         ("Answer True if the {O} suffice and False if not.", "Return whether {N} has sufficient {O}."))),
+        _styles(("if {x} >= {k}:\n        return True\n    return False", "return {x} >= {k}"),
+                ("return not {x} < {k}",), ("if {x} < {k}:\n        return False\n    return True",)),
+        _styles(("enough_{obj}", "has_enough_{obj}"), ("at_least_{obj}",), ("can_bring_{obj}",)),
+        _ONE_INT, _k(1, 50), lambda rng, c: (rng.randint(0, 60),), ("k",),
+        lambda c: [(c["k"],), (c["k"] - 1,)]),
+    "sum_days": CodeFamily(
+        "({xs}: list) -> int",
+        _compose(_LIST_SETUPS, ("{N} adds all of them up.", "All the {O} go into one bag; count them.",
+                                "Find the total of all the {O}."),
+                 _LIST_QUESTIONS),
+        _styles(("total = 0\n    for c in {xs}:\n        total = total + c\n    return total", "return sum({xs})"),
+                ("total = 0\n    for i in range(len({xs})):\n        total += {xs}[i]\n    return total",),
+                ("return sum(c for c in {xs})",)),
+        _styles(("sum_{obj}", "all_{obj}"), ("{obj}_added_up",), ("overall_{obj}",)),
+        _ONE_LIST, _no_consts, lambda rng, c: (_ints(rng, rng.randint(0, 5)),)),
+    "days_over": CodeFamily(
+        "({xs}: list) -> int",
+        _compose(_LIST_SETUPS, ("Count the entries with more than {k} {O}.",
+                                "Only entries above {k} count; how many are there?",
+                                "Count the days above {k}."),
+                 _LIST_QUESTIONS),
+        _styles(("days = 0\n    for c in {xs}:\n        if c > {k}:\n            days = days + 1\n    return days",
+                 "return len([c for c in {xs} if c > {k}])"),
+                ("return sum(1 for c in {xs} if c > {k})",),
+                ("count = 0\n    for c in {xs}:\n        count += c > {k}\n    return count",)),
+        _styles(("days_over_{k}", "trips_over_{k}"), ("days_above_{k}",), ("weeks_over_{k}",)),
+        _ONE_LIST, _k(1, 15), lambda rng, c: (_ints(rng, rng.randint(1, 6)),), ("k",)),
+    "each_more": CodeFamily(
+        "({xs}: list) -> list",
+        _compose(_LIST_SETUPS, ("Each one gets {k} more {O}; list the new numbers.",
+                                "{N} adds {k} more {O} to every one and lists them.",
+                                "Every entry grows by {k} {O}; give the new list."),
+                 _LIST_QUESTIONS),
+        _styles(("return [c + {k} for c in {xs}]", "result = []\n    for c in {xs}:\n        result.append(c + {k})\n    return result"),
+                ("return [{k} + c for c in {xs}]",), ("return list(map(lambda c: c + {k}, {xs}))",)),
+        _styles(("each_{obj}", "{obj}_per_jar"), ("{obj}_per_player",), ("{obj}_per_friend",)),
+        _ONE_LIST, _k(1, 30), lambda rng, c: (_ints(rng, rng.randint(0, 5)),), ("k",)),
+}
+
+_WHICH = ("largest", "smallest", "first", "last")
+_PICK_BODIES = {
+    "train": {"largest": "return max({xs})", "smallest": "return min({xs})", "first": "return {xs}[0]",
+              "last": "return {xs}[-1]"},
+    "dev": {"largest": "return sorted({xs})[-1]", "smallest": "return sorted({xs})[0]", "first": "return {xs}[:1][0]",
+            "last": "return {xs}[len({xs}) - 1]"},
+    "test": {"largest": "return sorted({xs}, reverse=True)[0]", "smallest": "return sorted({xs}, reverse=True)[-1]",
+             "first": "for v in {xs}:\n        return v", "last": "return list(reversed({xs}))[0]"},
+}
+
+_STR_SETUPS = _styles(("Take the string {s}.", "{s} is a word.", "You get the text {s}."),
+                     ("Start from {s}.",), ("Look at {s}.",))
+_STR_QUESTIONS = _styles(("Return the result.", "Return the new string.", "What is the new string?"),
+                         ("Give that back.",), ("Hand back what you get.",))
+
+PRETRAIN_FAMILIES: dict[str, CodeFamily] = {
+    "add_suffix": CodeFamily(
+        "({s}: str) -> str",
+        _compose(_STR_SETUPS, ("Add \"{sep}{suffix}\" at the end.", "Put \"{sep}{suffix}\" after it.",
+                               "Stick \"{sep}{suffix}\" onto its end."), _STR_QUESTIONS),
+        _styles(("return {s} + \"{sep}{suffix}\"",), ("return \"\".join([{s}, \"{sep}{suffix}\"])",),
+                ("result = {s}\n    result += \"{sep}{suffix}\"\n    return result",)),
+        _styles(("add_{tag}",), ("with_{tag}",), ("append_{tag}",)),
+        _ONE_STR,
+        lambda rng: {"suffix": rng.choice(SUFFIXES), "sep": rng.choice(["", "-", "_", " "])},
+        lambda rng, c: (rng.choice(WORDS),), ("suffix", "sep")),
+    "repeat": CodeFamily(
+        "({s}: str) -> str",
+        _compose(_STR_SETUPS, ("Repeat it {k} times with \"{sep}\" between the copies.",
+                               "Write it {k} times, joined by \"{sep}\".", "Make {k} copies joined by \"{sep}\"."),
+                 _STR_QUESTIONS),
+        _styles(("return \"{sep}\".join([{s}] * {k})",), ("return \"{sep}\".join({s} for _ in range({k}))",),
+                ("parts = [{s}] * {k}\n    return \"{sep}\".join(parts)",)),
+        _styles(("repeat_{k}",), ("copies_{k}",), ("times_{k}",)),
+        _ONE_STR,
+        lambda rng: {"k": rng.randint(2, 9), "sep": rng.choice(["", " ", "-", ","])},
+        lambda rng, c: (rng.choice(WORDS),), ("k", "sep")),
+    "pick": CodeFamily(
+        "({xs}: list) -> int",
+        _compose(_styles(("{xs} is a non-empty list of numbers.", "The list {xs} is never empty.",
+                          "You get a non-empty list {xs}."),
+                         ("{xs} holds at least one number.",), ("There is always a number in {xs}.",)),
+                 ("Find the {which} number.", "Look for the {which} one.", "Take the {which} value."),
+                 _styles(("Return it.", "Return that number.", "What is it?"), ("Give it back.",), ("Hand it over.",))),
+        {split: tuple(bodies[w] for w in _WHICH) for split, bodies in _PICK_BODIES.items()},
+        _styles(("{which}_{word}",), ("get_{which}_{word}",), ("find_{which}_{word}",)),
+        (("values",), ("numbers",), ("items",), ("xs",), ("nums",), ("data",)),
+        lambda rng: {"which": rng.choice(_WHICH)},
+        lambda rng, c: (_ints(rng, rng.randint(1, 6), 0, 50),)),
+}
+CODE_FAMILIES: dict[str, CodeFamily] = {**TARGET_FAMILIES, **PRETRAIN_FAMILIES}
+
 
 @dataclass
 class _Problem:
@@ -376,7 +692,6 @@ class _Problem:
     body: str               # canonical solution (indented, ends with newline)
     example: tuple          # args of the docstring example
     tests: list             # list of argument tuples for the asserts
-    consts: tuple           # constants that define the problem (held out for evaluation)
 
 
 def _call(fn: Callable, args: tuple):
@@ -389,175 +704,38 @@ def _run_body(p: _Problem) -> Callable:
     return namespace[p.fname]
 
 
-def _ints(rng: random.Random, k: int, lo: int = 0, hi: int = 20) -> list[int]:
-    return [rng.randint(lo, hi) for _ in range(k)]
+def _const_split(family: str, consts: dict, keys: tuple) -> str:
+    """The code split a family's constants belong to (a fixed fifth each for dev and test)."""
+    if not keys:
+        return "any"
+    bucket = _stable_hash("code-holdout", family, tuple(consts[k] for k in keys)) % 5
+    return {0: "test", 1: "dev"}.get(bucket, "train")
 
 
-def _fam_add_more(rng):
-    name, obj, verb = rng.choice(NAMES), rng.choice(OBJECTS), rng.choice(ADD_VERBS)
-    k = rng.randint(1, 50)
-    return _Problem(
-        f"{obj}_now", "(n: int) -> int",
-        f"{name} has n {obj}. {name} {verb} {k} more {obj}. How many {obj} does {name} have now?",
-        f"    return n + {k}\n", (rng.randint(0, 50),), [(rng.randint(0, 50),) for _ in range(4)], (k,))
-
-
-def _fam_take_away(rng):
-    name, obj, verb = rng.choice(NAMES), rng.choice(OBJECTS), rng.choice(SUB_VERBS)
-    k = rng.randint(1, 50)
-    return _Problem(
-        f"{obj}_left", "(n: int) -> int",
-        f"{name} has n {obj}. {name} {verb} {k} of them. How many {obj} does {name} have left?",
-        f"    return n - {k}\n", (rng.randint(k, k + 50),), [(rng.randint(k, k + 50),) for _ in range(4)], (k,))
-
-
-def _fam_together(rng):
-    a_name, b_name = rng.sample(NAMES, 2)
-    obj = rng.choice(OBJECTS)
-    return _Problem(
-        f"total_{obj}", "(a: int, b: int) -> int",
-        f"{a_name} has a {obj} and {b_name} has b {obj}. How many {obj} do they have together?",
-        "    return a + b\n", tuple(_ints(rng, 2, 0, 50)), [tuple(_ints(rng, 2, 0, 50)) for _ in range(4)], ())
-
-
-def _fam_how_many_more(rng):
-    a_name, b_name = rng.sample(NAMES, 2)
-    obj = rng.choice(OBJECTS)
-
-    def pair():
-        a = rng.randint(0, 50)
-        return (a, rng.randint(0, a))
-
-    return _Problem(
-        f"more_{obj}", "(a: int, b: int) -> int",
-        f"{a_name} has a {obj} and {b_name} has b {obj}. How many more {obj} does {a_name} have than {b_name}?",
-        "    return a - b\n", pair(), [pair() for _ in range(4)], ())
-
-
-def _fam_two_steps(rng):
-    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    v1, v2 = rng.choice(ADD_VERBS), rng.choice(SUB_VERBS)
-    k1, k2 = rng.randint(1, 30), rng.randint(1, 30)
-    return _Problem(
-        f"{obj}_at_end", "(n: int) -> int",
-        f"{name} has n {obj}. {name} {v1} {k1} more {obj} and then {v2} {k2} of them. "
-        f"How many {obj} does {name} have now?",
-        f"    return n + {k1} - {k2}\n", (rng.randint(k2, 50),), [(rng.randint(k2, 50),) for _ in range(4)],
-        (k1, k2))
-
-
-def _fam_boxes(rng):
-    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    k = rng.randint(2, 12)
-    return _Problem(
-        f"{obj}_in_boxes", "(n: int) -> int",
-        f"{name} has n boxes. Each box holds {k} {obj}. How many {obj} does {name} have?",
-        f"    return n * {k}\n", (rng.randint(0, 10),), [(rng.randint(0, 10),) for _ in range(4)], (k,))
-
-
-def _fam_enough(rng):
-    name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
-    k = rng.randint(1, 50)
-    return _Problem(
-        f"enough_{obj}", "(n: int) -> bool",
-        f"{name} has n {obj} and needs {k} {obj}. Return True if {name} has enough {obj}, else False.",
-        f"    if n >= {k}:\n        return True\n    return False\n",
-        (rng.randint(0, 60),), [(k,), (k - 1,), (rng.randint(0, 60),), (rng.randint(0, 60),)], (k,))
-
-
-def _fam_sum_days(rng):
-    name, obj, verb = rng.choice(NAMES), rng.choice(OBJECTS), rng.choice(ADD_VERBS)
-    return _Problem(
-        f"sum_{obj}", "(counts: list) -> int",
-        f"Each day {name} {verb} some {obj}; counts holds how many. How many {obj} does {name} have in all?",
-        "    total = 0\n    for c in counts:\n        total = total + c\n    return total\n",
-        (_ints(rng, 3),), [(_ints(rng, rng.randint(0, 5)),) for _ in range(4)], ())
-
-
-def _fam_days_over(rng):
-    name, obj, verb = rng.choice(NAMES), rng.choice(OBJECTS), rng.choice(ADD_VERBS)
-    k = rng.randint(1, 15)
-    return _Problem(
-        f"days_over_{k}", "(counts: list) -> int",
-        f"Each day {name} {verb} some {obj}; counts holds how many. On how many days does {name} get more than {k} {obj}?",
-        f"    days = 0\n    for c in counts:\n        if c > {k}:\n            days = days + 1\n    return days\n",
-        (_ints(rng, 4),), [(_ints(rng, rng.randint(1, 6)),) for _ in range(4)], (k,))
-
-
-def _fam_each_more(rng):
-    obj, verb = rng.choice(OBJECTS), rng.choice(ADD_VERBS)
-    k = rng.randint(1, 30)
-    return _Problem(
-        f"each_{obj}", "(counts: list) -> list",
-        f"Each friend has some {obj}; counts holds how many. Each friend {verb} {k} more {obj}. How many {obj} does each friend have now?",
-        f"    return [c + {k} for c in counts]\n",
-        (_ints(rng, 3),), [(_ints(rng, rng.randint(0, 5)),) for _ in range(4)], (k,))
-
-
-SUFFIXES = ["ing", "er", "est", "ly", "ful", "less", "ness", "ment", "able", "ish", "ward", "ship", "y", "ed", "s", "!"]
-WORDS = ["blue", "sun", "rain", "moon", "star", "tree", "road", "fish", "kind", "warm", "cold", "bird",
-         "home", "play", "jump", "read", "sing", "hope", "care", "dark", "soft", "wind", "fire", "snow",
-         "hand", "park", "rock", "word", "song", "ship", "lake", "gold", "mint", "farm", "book", "door"]
-STR_ARGS = ["word", "text", "name", "s"]
-
-
-def _fam_add_suffix(rng):
-    suffix = rng.choice(SUFFIXES)
-    sep = rng.choice(["", "-", "_", " "])
-    arg = rng.choice(STR_ARGS)
-    return _Problem(
-        f"add_{suffix if suffix.isalpha() else 'mark'}", f"({arg}: str) -> str",
-        f"Return {arg} with \"{sep}{suffix}\" added at the end.",
-        f"    return {arg} + \"{sep}{suffix}\"\n", (rng.choice(WORDS),),
-        [(rng.choice(WORDS),) for _ in range(4)], (suffix, sep, arg))
-
-
-def _fam_repeat(rng):
-    k = rng.randint(2, 9)
-    sep = rng.choice(["", " ", "-", ","])
-    arg = rng.choice(STR_ARGS)
-    return _Problem(
-        f"repeat_{k}", f"({arg}: str) -> str",
-        f"Return {arg} repeated {k} times, joined by \"{sep}\".",
-        f"    return \"{sep}\".join([{arg}] * {k})\n", (rng.choice(WORDS),),
-        [(rng.choice(WORDS),) for _ in range(4)], (k, sep, arg))
-
-
-def _fam_pick(rng):
-    which = rng.choice(["largest", "smallest", "first", "last"])
-    arg = rng.choice(["values", "numbers", "items", "xs"])
-    expr = {"largest": f"max({arg})", "smallest": f"min({arg})", "first": f"{arg}[0]", "last": f"{arg}[-1]"}[which]
-    name = rng.choice(WORDS)
-    return _Problem(
-        f"{which}_{name}", f"({arg}: list) -> int",
-        f"Return the {which} number in the non-empty list {arg}.",
-        f"    return {expr}\n", (_ints(rng, 4, 0, 50),),
-        [(_ints(rng, rng.randint(1, 6), 0, 50),) for _ in range(4)], (which, name, arg))
-
-
-TARGET_FAMILIES: dict[str, Callable[[random.Random], _Problem]] = {
-    "add_more": _fam_add_more,
-    "take_away": _fam_take_away,
-    "together": _fam_together,
-    "how_many_more": _fam_how_many_more,
-    "two_steps": _fam_two_steps,
-    "boxes": _fam_boxes,
-    "enough": _fam_enough,
-    "sum_days": _fam_sum_days,
-    "days_over": _fam_days_over,
-    "each_more": _fam_each_more,
-}
-PRETRAIN_FAMILIES: dict[str, Callable[[random.Random], _Problem]] = {
-    "add_suffix": _fam_add_suffix,
-    "repeat": _fam_repeat,
-    "pick": _fam_pick,
-}
-
-
-def _is_eval_params(family: str, p: _Problem) -> bool:
-    """Whether a problem's parameters are reserved for evaluation (a fixed fifth of them)."""
-    key = p.consts if p.consts else (p.doc,)
-    return _stable_hash("code-holdout", family, key) % 5 == 0
+def _make_problem(family_name: str, fam: CodeFamily, rng: random.Random, split: str) -> Optional[_Problem]:
+    """One problem of `family_name` in the styles of code split `split`; None if its constants belong elsewhere."""
+    consts = fam.consts(rng)
+    where = _const_split(family_name, consts, fam.held_out)
+    if where not in ("any", split):
+        return None
+    style = rng.randrange(len(fam.docs[split]))
+    body_t = rng.choice(fam.bodies[split])
+    if family_name == "pick":
+        body_t = fam.bodies[split][_WHICH.index(consts["which"])]
+    names = rng.sample(CODE_NAMES[split], 2)
+    obj = rng.choice(CODE_OBJECTS[split])
+    arg_names = rng.choice(fam.args)
+    placeholders = {"x": "{x}", "a": "{a}", "b": "{b}", "xs": "{xs}", "s": "{s}"}
+    keys = [k for k in placeholders if "{" + k + "}" in fam.signature]
+    args = dict(zip(keys, arg_names))
+    tag = consts.get("suffix", "") if str(consts.get("suffix", "")).isalpha() else "mark"
+    fields = {"N": names[0], "M": names[1], "O": obj, "obj": obj, "add": rng.choice(ADD_VERBS),
+              "sub": rng.choice(SUB_VERBS), "word": rng.choice(CODE_WORDS[split]), "tag": tag, **consts, **args}
+    fname = rng.choice(fam.fnames[split]).format(**fields)
+    example = fam.inputs(rng, consts)
+    tests = fam.edge_inputs(consts) + [fam.inputs(rng, consts) for _ in range(4 - len(fam.edge_inputs(consts)))]
+    return _Problem(fname, fam.signature.format(**fields), fam.docs[split][style].format(**fields),
+                    "    " + body_t.format(**fields) + "\n", example, tests)
 
 
 def _humaneval(task_id: str, p: _Problem) -> dict:
@@ -587,37 +765,43 @@ def code_family(task_id: str) -> str:
     return task_id.split("/")[2]
 
 
-_PREFIXES = {"total_": "together", "more_": "how_many_more", "enough_": "enough", "sum_": "sum_days",
-             "days_over_": "days_over", "each_": "each_more", "add_": "add_suffix", "repeat_": "repeat",
-             "largest_": "pick", "smallest_": "pick", "first_": "pick", "last_": "pick"}
-_SUFFIXES_OF_NAME = {"_now": "add_more", "_left": "take_away", "_at_end": "two_steps", "_in_boxes": "boxes"}
+def _fname_pattern(pattern: str) -> "re.Pattern":
+    alternatives = {"obj": OBJECTS, "word": WORDS, "which": list(_WHICH), "tag": [s for s in SUFFIXES if s.isalpha()] + ["mark"]}
+    regex = re.escape(pattern)
+    for key, values in alternatives.items():
+        regex = regex.replace(re.escape("{" + key + "}"), "(?:" + "|".join(map(re.escape, values)) + ")")
+    return re.compile(regex.replace(re.escape("{k}"), r"\d+"))
+
+
+_FNAME_PATTERNS = [(family, _fname_pattern(pattern)) for family, fam in CODE_FAMILIES.items()
+                   for patterns in fam.fnames.values() for pattern in patterns]
 
 
 def code_family_of_prompt(prompt: str) -> str:
     """The family of a micro code prompt, read from its function name (instruction items carry no task id)."""
     fname = prompt.split("(", 1)[0].removeprefix("def ")
-    for prefix, family in _PREFIXES.items():
-        if fname.startswith(prefix):
-            return family
-    for suffix, family in _SUFFIXES_OF_NAME.items():
-        if fname.endswith(suffix):
-            return family
-    raise ValueError(f"not a micro code prompt: {fname!r}")
+    found = {family for family, pattern in _FNAME_PATTERNS if pattern.fullmatch(fname)}
+    if len(found) != 1:
+        raise ValueError(f"not a micro code prompt of one family: {fname!r} matches {sorted(found)}")
+    return found.pop()
 
 
 def _code_splits(seed: int, sizes: MicroSizes) -> dict:
-    rng = random.Random(f"{seed}/code")
+    # One random stream per split: a split's problems do not depend on how the others are drawn.
+    rngs = {split: random.Random(f"{seed}/code/{split}") for split in ("pretrain", "train", "dev", "test")}
     seen: set[str] = set()
 
-    def draw(split: str, family: str, make, n: int, holdout: bool) -> list[dict]:
+    def draw(split: str, style_split: str, family: str, n: int) -> list[dict]:
+        fam = CODE_FAMILIES[family]
+        rng = rngs[split]
         items = []
         tries = 0
         while len(items) < n:
             tries += 1
             if tries > 200 * n + 1000:
                 raise RuntimeError(f"code family {family}: cannot draw {n} distinct {split} problems")
-            p = make(rng)
-            if _is_eval_params(family, p) != holdout:
+            p = _make_problem(family, fam, rng, style_split)
+            if p is None:
                 continue
             item = _humaneval(f"Micro/{split}/{family}/{len(items)}", p)
             if item["prompt"] in seen:
@@ -626,46 +810,165 @@ def _code_splits(seed: int, sizes: MicroSizes) -> dict:
             items.append(item)
         return items
 
-    evaluation: list[dict] = []
-    for fam, make in TARGET_FAMILIES.items():
-        evaluation += draw("evaluation", fam, make, sizes.code_evaluation_per_target_family, True)
-    for fam, make in PRETRAIN_FAMILIES.items():
-        evaluation += draw("evaluation", fam, make, sizes.code_evaluation_per_pretrain_family, True)
-    train_problems: list[dict] = []
-    for fam, make in TARGET_FAMILIES.items():
-        train_problems += draw("train", fam, make, sizes.code_train_per_target_family, False)
-    for fam, make in PRETRAIN_FAMILIES.items():
-        train_problems += draw("train", fam, make, sizes.code_train_per_pretrain_family, False)
-    rng.shuffle(train_problems)
-    train = [
+    # Pretraining first: what the backbone learnt from depends on no fine-tuning, dev or test choice.
+    pretrain = [p for fam in PRETRAIN_FAMILIES for p in draw("pretrain", "train", fam, sizes.code_pretrain_per_family)]
+    rngs["pretrain"].shuffle(pretrain)
+    train_problems = [p for fam in TARGET_FAMILIES for p in draw("train", "train", fam, sizes.code_train_per_target_family)]
+    train_problems += [p for fam in PRETRAIN_FAMILIES
+                       for p in draw("train", "train", fam, sizes.code_train_per_pretrain_family)]
+    rngs["train"].shuffle(train_problems)
+    out: dict[str, list[dict]] = {"pretrain": pretrain, "train": [
         {"instruction": CODE_INSTRUCTION, "input": p["prompt"], "response": p["canonical_solution"]}
         for p in train_problems
-    ]
-    pretrain: list[dict] = []
-    for fam, make in PRETRAIN_FAMILIES.items():
-        pretrain += draw("pretrain", fam, make, sizes.code_pretrain_per_family, False)
-    rng.shuffle(pretrain)
-    return {"evaluation": evaluation, "train": train, "pretrain": pretrain}
+    ]}
+    for split, n_target, n_pretrain in (("dev", sizes.code_dev_per_target_family, sizes.code_dev_per_pretrain_family),
+                                        ("test", sizes.code_test_per_target_family, sizes.code_test_per_pretrain_family)):
+        out[split] = [p for fam in TARGET_FAMILIES for p in draw(split, split, fam, n_target)]
+        out[split] += [p for fam in PRETRAIN_FAMILIES for p in draw(split, split, fam, n_pretrain)]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Deduplication across splits
+# ----------------------------------------------------------------------------------------------
+
+_MULTIWORD_VERBS = sorted((v for v in ADD_VERBS + SUB_VERBS if " " in v), key=len, reverse=True)
+_MASKS = {**{n: "<name>" for n in NAMES}, **{o: "<obj>" for o in OBJECTS}, **{w: "<word>" for w in WORDS},
+          **{v: "<verb>" for v in ADD_VERBS + SUB_VERBS if " " not in v}, "MULTIWORDVERB": "<verb>"}
+
+
+def mask_text(text: str, numbers: bool = False, extra: tuple = ()) -> str:
+    """`text` with the world's names, objects, words and verbs (and `extra` words) masked, e.g.
+    `Tom buys 5 apples` -> `<name> <verb> 5 <obj>`; numbers become `<num>` when `numbers` is set."""
+    for verb in _MULTIWORD_VERBS:
+        text = text.replace(verb, "MULTIWORDVERB")
+    out = []
+    for tok in dedup.words(text):
+        if tok in extra:
+            out.append("<arg>")
+        elif tok in _MASKS:
+            out.append(_MASKS[tok])
+        elif numbers and tok.isdigit():
+            out.append("<num>")
+        else:
+            out.append(tok)
+    return " ".join(out)
+
+
+def _code_parts(prompt: str, body: str) -> dict:
+    """Function name, signature argument names, docstring text (without the example) and body."""
+    header, doc = prompt.split('"""', 2)[:2]
+    fname = header.split("(", 1)[0].removeprefix("def ").strip()
+    args = tuple(re.findall(r"(\w+):", header.split("(", 1)[1].split(")", 1)[0]))
+    return {"fname": fname, "doc": doc.split(">>>")[0].strip(), "body": body, "args": args}
+
+
+def code_groups(splits: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Code items grouped for deduplication: `train` (pretraining and fine-tuning data), `dev`, `test`."""
+    train = [_code_parts(p["prompt"], p["canonical_solution"]) for p in splits.get("code/pretrain", [])]
+    train += [_code_parts(t["input"], t["response"]) for t in splits["code/train"]]
+    return {"train": train,
+            "dev": [_code_parts(p["prompt"], p["canonical_solution"]) for p in splits["code/dev"]],
+            "test": [_code_parts(p["prompt"], p["canonical_solution"]) for p in splits["code/test"]]}
+
+
+def _stem(rec: dict) -> str:
+    return rec["question"]["stem"]
+
+
+def _csqa_answer(rec: dict) -> str:
+    return rec["question"]["choices"][["A", "B", "C"].index(rec["answerKey"])]["text"]
+
+
+def dedup_report(splits: dict[str, list[dict]]) -> dict:
+    """Exact and near-duplicate counts between the splits (definitions in `experiments.data.dedup`).
+
+    - code: between `train` (pretraining + fine-tuning problems), `dev` and `test`: shared function
+      bodies (exact text; near = same skeleton up to renaming and constants), docstrings (exact;
+      near = masked-token similarity >= the threshold, names, objects, verbs, words, numbers and
+      argument names masked) and function names.
+    - math: between calibration, dev and test, and each of them against pretraining: shared
+      questions (exact; normalised; near = the same question up to names, objects and verbs,
+      which for these templates means the same arithmetic and the same answer).
+    - commonsense: between calibration, dev and test: shared questions (exact stem; normalised
+      stem, ignoring the choices) and shared facts (same subject, same answer). Pretraining
+      states every fact on purpose (it is the knowledge the model keeps) and is not compared.
+
+    Every count must be 0; `max_similarity` shows how far the closest docstrings are from the threshold.
+    """
+    code = code_groups(splits)
+
+    def doc_tokens(items):
+        return [tuple(mask_text(c["doc"], numbers=True, extra=c["args"]).split()) for c in items]
+
+    report: dict = {"threshold": dedup.NEAR_DUPLICATE_THRESHOLD, "code": {}, "math": {}, "commonsense": {}}
+    for pair, (a, b) in {f"{x}|{y}": (code[x], code[y]) for x, y in (("train", "dev"), ("train", "test"),
+                                                                       ("dev", "test"))}.items():
+        near_docs, best = dedup.near_pairs(doc_tokens(a), doc_tokens(b))
+        report["code"][pair] = {
+            "bodies_exact": dedup.shared((c["body"] for c in a), (c["body"] for c in b)),
+            "bodies_near": dedup.shared((dedup.code_skeleton(c["body"]) for c in a),
+                                        (dedup.code_skeleton(c["body"]) for c in b)),
+            "docstrings_exact": dedup.shared((c["doc"] for c in a), (c["doc"] for c in b)),
+            "docstrings_near": near_docs,
+            "docstrings_max_similarity": round(best, 4),
+            "function_names": dedup.shared((c["fname"] for c in a), (c["fname"] for c in b)),
+        }
+    math = {s: splits[f"math/{s}"] for s in ("calibration", "dev", "test", "pretrain") if f"math/{s}" in splits}
+    for x, y in combinations(math, 2):
+        qa, qb = [i["question"] for i in math[x]], [i["question"] for i in math[y]]
+        report["math"][f"{x}|{y}"] = {
+            "questions_exact": dedup.shared(qa, qb),
+            "questions_normalised": dedup.shared(map(dedup.normalise_text, qa), map(dedup.normalise_text, qb)),
+            "questions_near": dedup.shared((mask_text(q) for q in qa), (mask_text(q) for q in qb)),
+        }
+    cs = {s: splits[f"commonsense/{s}"] for s in ("calibration", "dev", "test")}
+    for x, y in combinations(cs, 2):
+        report["commonsense"][f"{x}|{y}"] = {
+            "questions_exact": dedup.shared(map(_stem, cs[x]), map(_stem, cs[y])),
+            "questions_normalised": dedup.shared((dedup.normalise_text(_stem(r)) for r in cs[x]),
+                                                 (dedup.normalise_text(_stem(r)) for r in cs[y])),
+            "facts": dedup.shared((f"{r['question']['question_concept']}|{_csqa_answer(r)}" for r in cs[x]),
+                                  (f"{r['question']['question_concept']}|{_csqa_answer(r)}" for r in cs[y])),
+        }
+    return report
+
+
+def dedup_violations(report: dict) -> list[str]:
+    """Every nonzero duplicate count of a `dedup_report`, as `domain pair key = n`."""
+    out = []
+    for domain in ("code", "math", "commonsense"):
+        for pair, counts in report[domain].items():
+            out += [f"{domain} {pair} {k} = {v}" for k, v in counts.items() if k != "docstrings_max_similarity" and v]
+    return out
+
+
+def format_dedup_report(report: dict) -> str:
+    """The report as aligned text lines, one per domain and split pair."""
+    lines = [f"deduplication across splits (near-duplicate threshold {report['threshold']}):"]
+    for domain in ("code", "math", "commonsense"):
+        for pair, counts in report[domain].items():
+            lines.append(f"  {domain:<11} {pair:<22} " + "  ".join(f"{k}={v}" for k, v in counts.items()))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
 # Writing
 # ----------------------------------------------------------------------------------------------
 
+#: Split names of each domain, in the order they are written.
+SPLITS = {
+    "math": ("pretrain", "calibration", "dev", "test"),
+    "commonsense": ("pretrain", "calibration", "dev", "test"),
+    "code": ("pretrain", "train", "dev", "test"),
+}
+
+
 def generate(seed: int = DEFAULT_SEED, sizes: MicroSizes = MicroSizes()) -> dict[str, list[dict]]:
     """All splits as {"<domain>/<split>": records}, in the order they are written."""
-    math = _math_splits(seed, sizes)
-    cs = _commonsense_splits(seed, sizes)
-    code = _code_splits(seed, sizes)
-    out = {}
-    for split in ("pretrain", "calibration", "evaluation"):
-        out[f"math/{split}"] = math[split]
-    for split in ("pretrain", "calibration", "evaluation"):
-        out[f"commonsense/{split}"] = cs[split]
-    out["code/pretrain"] = code["pretrain"]
-    out["code/train"] = code["train"]
-    out["code/evaluation"] = code["evaluation"]
-    return out
+    parts = {"math": _math_splits(seed, sizes), "commonsense": _commonsense_splits(seed, sizes),
+             "code": _code_splits(seed, sizes)}
+    return {f"{domain}/{split}": parts[domain][split] for domain, names in SPLITS.items() for split in names}
 
 
 def _jsonl(records: list[dict]) -> str:
@@ -679,9 +982,17 @@ def file_name(key: str) -> str:
 
 def write(out_dir: str | Path, seed: int = DEFAULT_SEED, sizes: MicroSizes = MicroSizes(),
           include_pretrain: bool = True) -> dict[str, Path]:
-    """Generate and write every split under `out_dir`, plus GENERATOR.json; returns the paths."""
+    """Generate every split, check that no two splits share an item, and write them under `out_dir`
+    with GENERATOR.json (sizes, counts, the deduplication report); returns the paths.
+
+    Raises `RuntimeError` (and writes nothing) when the deduplication report has a nonzero count.
+    """
     out_dir = Path(out_dir)
     splits = generate(seed, sizes)
+    report = dedup_report(splits)
+    violations = dedup_violations(report)
+    if violations:
+        raise RuntimeError("the micro splits share items: " + "; ".join(violations))
     paths: dict[str, Path] = {}
     for key, records in splits.items():
         if key.endswith("/pretrain") and not include_pretrain:
@@ -699,6 +1010,7 @@ def write(out_dir: str | Path, seed: int = DEFAULT_SEED, sizes: MicroSizes = Mic
         "counts": {k: len(v) for k, v in splits.items()},
         "code_target_families": list(TARGET_FAMILIES),
         "code_pretrain_families": list(PRETRAIN_FAMILIES),
+        "dedup": report,
     }
     (out_dir / "GENERATOR.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return paths
@@ -725,6 +1037,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     paths = write(args.out, args.seed, include_pretrain=not args.no_pretrain)
     for key, path in paths.items():
         print(f"{key}: {path}")
+    meta = json.loads((Path(args.out) / "GENERATOR.json").read_text(encoding="utf-8"))
+    print(format_dedup_report(meta["dedup"]))
 
 
 if __name__ == "__main__":

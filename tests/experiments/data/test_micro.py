@@ -1,4 +1,4 @@
-"""The micro benchmark generator: determinism, committed files, disjoint splits, sizes and formats."""
+"""The micro benchmark generator: determinism, committed files, disjoint and deduplicated splits, sizes, formats."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.data import micro
+from experiments.data import dedup, micro
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "assets" / "micro" / "data"
@@ -28,12 +28,12 @@ def _read_all(root: Path) -> dict[str, bytes]:
 
 
 def test_same_seed_gives_byte_identical_files(tmp_path):
-    a = _read_all(Path(micro.write(tmp_path / "a", 3, micro.TINY_SIZES)["math/evaluation"]).parents[1])
-    b = _read_all(Path(micro.write(tmp_path / "b", 3, micro.TINY_SIZES)["math/evaluation"]).parents[1])
+    a = _read_all(Path(micro.write(tmp_path / "a", 3, micro.TINY_SIZES)["math/test"]).parents[1])
+    b = _read_all(Path(micro.write(tmp_path / "b", 3, micro.TINY_SIZES)["math/test"]).parents[1])
     assert a == b
-    assert "math/pretrain.jsonl" in a and "code/train.json" in a
-    c = _read_all(Path(micro.write(tmp_path / "c", 4, micro.TINY_SIZES)["math/evaluation"]).parents[1])
-    assert c["math/evaluation.jsonl"] != a["math/evaluation.jsonl"]
+    assert "math/pretrain.jsonl" in a and "code/train.json" in a and "code/dev.jsonl" in a
+    c = _read_all(Path(micro.write(tmp_path / "c", 4, micro.TINY_SIZES)["math/test"]).parents[1])
+    assert c["math/test.jsonl"] != a["math/test.jsonl"]
 
 
 def test_committed_files_equal_regeneration(tmp_path):
@@ -61,38 +61,102 @@ def test_splits_never_share_an_item(splits):
             assert not ident[a] & ident[b], f"{a} and {b} share items"
 
 
-def test_code_evaluation_is_held_out(splits):
+def test_dedup_report_is_zero_and_committed(splits):
+    """The acceptance check: no exact or near-duplicate item in two splits, at the stated threshold."""
+    report = micro.dedup_report(splits)
+    assert report["threshold"] == dedup.NEAR_DUPLICATE_THRESHOLD == 0.8
+    assert micro.dedup_violations(report) == []
+    assert set(report["code"]) == {"train|dev", "train|test", "dev|test"}
+    assert {"calibration|dev", "calibration|test", "dev|test", "test|pretrain"} <= set(report["math"])
+    assert set(report["commonsense"]) == {"calibration|dev", "calibration|test", "dev|test"}
+    for counts in report["code"].values():
+        assert counts["docstrings_max_similarity"] < report["threshold"]
+    committed = json.loads((COMMITTED / "GENERATOR.json").read_text())["dedup"]
+    assert committed == json.loads(json.dumps(report))
+
+
+def _leaky(splits: dict, **changes) -> dict:
+    out = {k: list(v) for k, v in splits.items()}
+    for key, extra in changes.items():
+        out[key.replace("__", "/")] = out[key.replace("__", "/")] + extra
+    return out
+
+
+def test_dedup_report_catches_copies_and_renamed_copies(splits):
+    train = splits["code/train"][0]
+    copy = {"task_id": "Micro/test/leak/0", "prompt": train["input"], "canonical_solution": train["response"],
+            "test": "", "entry_point": "x"}
+    leak = micro.dedup_report(_leaky(splits, code__test=[copy]))["code"]["train|test"]
+    assert leak["bodies_exact"] >= 1 and leak["docstrings_exact"] >= 1 and leak["function_names"] >= 1
+    # the same problem with other names, person, object and numbers is still a near-duplicate
+    fam = micro.TARGET_FAMILIES["add_more"]
+    doc = fam.docs["train"][0].format(N="Kai", M="Ava", O="kites", x="amount", add="finds", k=99)
+    renamed = {"task_id": "Micro/test/leak/1", "canonical_solution": "    return amount + 99\n", "test": "",
+               "entry_point": "f", "prompt": f'def f(amount: int) -> int:\n    """{doc}\n    """\n'}
+    leak = micro.dedup_report(_leaky(splits, code__test=[renamed]))["code"]["train|test"]
+    assert leak["bodies_exact"] == 0 and leak["bodies_near"] >= 1
+    assert leak["docstrings_exact"] == 0 and leak["docstrings_near"] >= 1
+    # math: a calibration question with another name is the same arithmetic; commonsense: the same stem
+    m = dict(splits["math/calibration"][0])
+    name = next(n for n in micro.NAMES if n in m["question"])
+    other = next(n for n in micro.NAMES if n not in m["question"])
+    m["question"] = m["question"].replace(name, other)
+    cs = splits["commonsense/calibration"][0]
+    report = micro.dedup_report(_leaky(splits, math__test=[m], commonsense__test=[cs]))
+    assert report["math"]["calibration|test"]["questions_near"] == 1
+    assert report["math"]["calibration|test"]["questions_exact"] == 0
+    assert report["commonsense"]["calibration|test"] == {"questions_exact": 1, "questions_normalised": 1, "facts": 1}
+
+
+def test_write_refuses_splits_that_share_items(tmp_path, monkeypatch, splits):
+    leaky = _leaky(splits, math__dev=[splits["math/test"][0]])
+    monkeypatch.setattr(micro, "generate", lambda seed, sizes: leaky)
+    with pytest.raises(RuntimeError, match="math calibration|math dev\\|test questions_exact = 1"):
+        micro.write(tmp_path, 0, micro.MicroSizes())
+    assert not any(tmp_path.iterdir())
+
+
+def test_code_dev_and_test_are_held_out_by_style(splits):
     pretrain_families = {micro.code_family(p["task_id"]) for p in splits["code/pretrain"]}
-    eval_families = {micro.code_family(p["task_id"]) for p in splits["code/evaluation"]}
     assert pretrain_families == set(micro.PRETRAIN_FAMILIES)
-    assert len(eval_families - pretrain_families) >= 2
-    never_pretrained = [p for p in splits["code/evaluation"] if micro.code_family(p["task_id"]) not in pretrain_families]
-    assert len(never_pretrained) / len(splits["code/evaluation"]) >= 0.75
-    # evaluation constants (the numbers that define a problem) never appear in training problems of that family
+    for split in ("dev", "test"):
+        families = [micro.code_family(p["task_id"]) for p in splits[f"code/{split}"]]
+        assert set(families) == set(micro.CODE_FAMILIES)
+        assert sum(f in micro.TARGET_FAMILIES for f in families) / len(families) >= 0.9
+    # every style option of a family is in exactly one split, and no person, object or word is shared
+    for name, fam in micro.CODE_FAMILIES.items():
+        for part in ("docs", "bodies", "fnames"):
+            options = getattr(fam, part)
+            assert set(options) == set(micro.CODE_SPLITS), (name, part)
+            for x, y in combinations(micro.CODE_SPLITS, 2):
+                assert not set(options[x]) & set(options[y]), f"{name}: {part} shared by {x} and {y}"
+    for pool in (micro.CODE_NAMES, micro.CODE_OBJECTS, micro.CODE_WORDS):
+        for x, y in combinations(micro.CODE_SPLITS, 2):
+            assert not set(pool[x]) & set(pool[y])
+    # held-out constants: a dev or test problem's constants never define a training problem of its family
     def constants(prompt: str) -> tuple[str, ...]:
         return tuple(re.findall(r"\d+", prompt.split('"""')[1].split(">>>")[0]))
 
     for t in splits["code/train"]:
-        assert micro.code_family_of_prompt(t["input"]) in {**micro.TARGET_FAMILIES, **micro.PRETRAIN_FAMILIES}
-    for p in splits["code/evaluation"] + splits["code/pretrain"]:
+        assert micro.code_family_of_prompt(t["input"]) in micro.CODE_FAMILIES
+    for p in splits["code/dev"] + splits["code/test"] + splits["code/pretrain"]:
         assert micro.code_family_of_prompt(p["prompt"]) == micro.code_family(p["task_id"])
     seen = {(micro.code_family_of_prompt(t["input"]), constants(t["input"])) for t in splits["code/train"]}
     seen |= {(micro.code_family(p["task_id"]), constants(p["prompt"])) for p in splits["code/pretrain"]}
-    held_out = 0
-    for p in splits["code/evaluation"]:
+    held = 0
+    for p in splits["code/dev"] + splits["code/test"]:
         key = (micro.code_family(p["task_id"]), constants(p["prompt"]))
-        if key[0] in micro.TARGET_FAMILIES and key[1]:
+        if key[0] in micro.TARGET_FAMILIES and micro.CODE_FAMILIES[key[0]].held_out and key[1]:
             assert key not in seen, f"{p['task_id']} reuses training constants {key[1]}"
-            held_out += 1
-    assert held_out >= 60
+            held += 1
+    assert held >= 150
 
 
 def test_sizes(splits):
-    assert len(splits["math/evaluation"]) >= 200 and len(splits["math/calibration"]) >= 200
-    assert len(splits["commonsense/evaluation"]) >= 200 and len(splits["commonsense/calibration"]) >= 200
-    assert len(splits["code/evaluation"]) >= 100
+    for split in ("calibration", "dev", "test"):
+        assert len(splits[f"math/{split}"]) == 250 and len(splits[f"commonsense/{split}"]) == 250
+    assert len(splits["code/dev"]) == len(splits["code/test"]) == 132
     assert len(splits["code/train"]) >= 500
-    assert len({micro.code_family(p["task_id"]) for p in splits["code/evaluation"]}) >= 8
     assert len(micro.knowledge_facts()) >= 250
     assert len(micro.KNOWLEDGE) >= 10
 
@@ -101,7 +165,7 @@ _EXPR = re.compile(r"(\d+) ([+-]) (\d+) = (\d+)")
 
 
 def test_math_format_gsm8k(splits):
-    for key in ("math/pretrain", "math/calibration", "math/evaluation"):
+    for key in ("math/pretrain", "math/calibration", "math/dev", "math/test"):
         for item in splits[key][:2000]:
             assert set(item) == {"question", "answer"}
             m = re.search(r"\n#### (\d+)$", item["answer"])
@@ -116,7 +180,7 @@ def test_math_format_gsm8k(splits):
 
 def test_commonsense_format_csqa(splits):
     facts = {(s, a) for _, s, a in micro.knowledge_facts()}
-    for key in ("commonsense/pretrain", "commonsense/calibration", "commonsense/evaluation"):
+    for key in ("commonsense/pretrain", "commonsense/calibration", "commonsense/dev", "commonsense/test"):
         for rec in splits[key]:
             assert set(rec) == {"answerKey", "id", "question"}
             q = rec["question"]
@@ -131,7 +195,7 @@ def test_commonsense_format_csqa(splits):
 
 
 def test_code_format_humaneval(splits):
-    for key in ("code/pretrain", "code/evaluation"):
+    for key in ("code/pretrain", "code/dev", "code/test"):
         for p in splits[key]:
             assert set(p) == {"task_id", "prompt", "canonical_solution", "test", "entry_point"}
             assert p["prompt"].startswith(f"def {p['entry_point']}(")
@@ -169,7 +233,7 @@ def _program(prompt: str, body: str, test: str, entry: str) -> str:
 
 def test_canonical_solutions_pass_their_tests(splits):
     problems = [(p["task_id"], _program(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"]))
-                for key in ("code/evaluation", "code/pretrain") for p in splits[key]]
+                for key in ("code/dev", "code/test", "code/pretrain") for p in splits[key]]
     assert _failures(problems) == []
     # the instruction split's responses complete their inputs into working functions
     train = [(f"train/{i}", f"{t['input']}{t['response']}") for i, t in enumerate(splits["code/train"])]
@@ -178,14 +242,14 @@ def test_canonical_solutions_pass_their_tests(splits):
 
 def test_a_wrong_body_fails_every_evaluation_test(splits):
     wrong = [(p["task_id"], _program(p["prompt"], "    return None\n", p["test"], p["entry_point"]))
-             for p in splits["code/evaluation"]]
+             for key in ("code/dev", "code/test") for p in splits[key]]
     assert len(_failures(wrong)) == len(wrong)
 
 
 def test_evaluation_programs_pass_through_the_quick_checker(splits):
     from experiments.micro.quick_eval import completions_pass
 
-    problems = splits["code/evaluation"][::11]
+    problems = splits["code/test"][::11]
     assert all(completions_pass(problems, [p["canonical_solution"] for p in problems]))
     assert not any(completions_pass(problems, ["    return -1\n"] * len(problems)))
 
@@ -193,14 +257,14 @@ def test_evaluation_programs_pass_through_the_quick_checker(splits):
 def test_committed_files_load_through_the_project_loaders():
     loaders = pytest.importorskip("experiments.data.loaders")
     src = str(COMMITTED)
-    math_items = loaders.load_math(f"{src}/math", "evaluation")
-    assert len(math_items) >= 200 and math_items[0]["answer"].rstrip().split("\n")[-1].startswith("####")
-    assert len(loaders.load_math(f"{src}/math", "calibration")) >= 200
-    choice = loaders.load_choice(f"{src}/commonsense", "evaluation")
-    assert len(choice) >= 200
-    assert all(len(c["choices"]) == 3 and c["labels"] == ["A", "B", "C"] for c in choice)
-    assert len(loaders.load_choice(f"{src}/commonsense", "calibration")) >= 200
-    problems = loaders.load_code_problems(f"{src}/code", "evaluation")
-    assert len(problems) >= 100 and problems[0]["task_id"].startswith("Micro/evaluation/")
+    for split in ("calibration", "dev", "test"):
+        math_items = loaders.load_math(f"{src}/math", split)
+        assert len(math_items) == 250 and math_items[0]["answer"].rstrip().split("\n")[-1].startswith("####")
+        choice = loaders.load_choice(f"{src}/commonsense", split)
+        assert len(choice) == 250
+        assert all(len(c["choices"]) == 3 and c["labels"] == ["A", "B", "C"] for c in choice)
+    for split in ("dev", "test"):
+        problems = loaders.load_code_problems(f"{src}/code", split)
+        assert len(problems) == 132 and problems[0]["task_id"].startswith(f"Micro/{split}/")
     instructions = loaders.load_code_instructions(f"{src}/code", "train")
     assert len(instructions) >= 500 and instructions[0]["instruction"] == micro.CODE_INSTRUCTION
