@@ -219,8 +219,9 @@ def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 # -- data -----------------------------------------------------------------------------------------
 def encoded_pairs(tokenizer, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
-    enc = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    return [enc(p) for p, _ in pairs], [enc(r) for _, r in pairs]
+    from experiments import prompts as P
+
+    return [P.encode_prompt(tokenizer, p) for p, _ in pairs], [P.encode_response(tokenizer, p, r) for p, r in pairs]
 
 
 def retained_pairs(bb: Backbone, split: str) -> tuple[list[list[int]], list[list[int]]]:

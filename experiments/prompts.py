@@ -109,17 +109,62 @@ def apply_template(tokenizer: Any, prompt_text: str, chat_template: bool) -> str
     )
 
 
+def split_boundary(prompt: str, response: str = "") -> tuple[str, str]:
+    """Where prompt ends and response begins, in text: the prompt's trailing whitespace moves to the response.
+
+    This is the one tokenisation rule of the suite (lm-evaluation-harness's rule for context and
+    continuation). Pretraining documents are tokenised whole, and byte-level BPE tokenizers attach
+    whitespace to the token that follows it (`"\\n    return"` is `"\\n   "` + `" return"`), so a
+    prompt that ends in whitespace, tokenised alone, ends in a token the model never saw there
+    (a lone `"\\n"`). Cut before the whitespace, the prompt's tokens are a prefix of the whole
+    text's tokens and the response's tokens are the rest, for any tokenizer whose pre-tokenizer
+    never puts whitespace after non-whitespace inside one piece (GPT-2, Llama 3 and the micro
+    backbone's); `boundary_agrees` checks it for a given tokenizer and text.
+    """
+    stripped = prompt.rstrip()
+    return stripped, prompt[len(stripped):] + response
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` without special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """The prompt's token ids under `split_boundary`: what generation and scoring feed the model."""
+    return encode_text(tokenizer, split_boundary(prompt)[0])
+
+
+def encode_response(tokenizer: Any, prompt: str, response: str) -> list[int]:
+    """The response's token ids under `split_boundary` (they start with the whitespace the prompt ended in)."""
+    return encode_text(tokenizer, split_boundary(prompt, response)[1])
+
+
+def response_text(prompt: str, generated: str) -> str:
+    """A generated continuation of `encode_prompt(prompt)` as a response to the full `prompt`:
+    the whitespace `split_boundary` moved out of the prompt is removed from its start when present."""
+    lead = split_boundary(prompt)[1]
+    return generated[len(lead):] if lead and generated.startswith(lead) else generated
+
+
+def boundary_agrees(tokenizer: Any, prompt: str, response: str) -> bool:
+    """Whether prompt tokens + response tokens (`split_boundary`) equal the tokens of the whole text."""
+    return encode_prompt(tokenizer, prompt) + encode_response(tokenizer, prompt, response) == encode_text(
+        tokenizer, prompt + response)
+
+
 def encode_pair(
     tokenizer: Any, prompt: str, response: str, max_length: int, add_eos: bool = True
 ) -> dict[str, list[int]]:
     """Token ids of prompt+response and labels that are -100 on prompt tokens (loss on the response only).
 
-    Prompt and response are tokenised separately and concatenated, so the boundary is exact
-    (the response's first token never merges with the prompt's last). Truncation keeps the
-    prompt's end and cuts the response's tail, never the other way round.
+    Prompt and response are cut by `split_boundary` (the prompt's trailing whitespace belongs to
+    the response) and tokenised separately, so the prompt's tokens are exactly those generation
+    and scoring feed the model. Truncation keeps the prompt's end and cuts the response's tail,
+    never the other way round.
     """
-    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    r_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    p_ids = encode_prompt(tokenizer, prompt)
+    r_ids = encode_response(tokenizer, prompt, response)
     if add_eos and tokenizer.eos_token_id is not None:
         r_ids = r_ids + [tokenizer.eos_token_id]
     if len(p_ids) >= max_length:

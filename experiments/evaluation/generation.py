@@ -1,7 +1,7 @@
 """Batched generation with `model.generate`: greedy, or sampled with one random stream per prompt.
 
-Prompts are tokenised without special tokens (as `experiments.prompts.encode_pair` does for
-training), sorted by length, left-padded and generated in batches; results come back in the
+Prompts are tokenised without special tokens and cut by `experiments.prompts.split_boundary`
+(as `experiments.prompts.encode_pair` does for training: trailing whitespace is the response's), sorted by length, left-padded and generated in batches; results come back in the
 caller's order. Generation stops at the end-of-sequence token(s) or after `max_new_tokens`.
 
 Sampling and batch independence
@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+from experiments import prompts as P
+
 
 @dataclass
 class GenerationOutput:
@@ -36,7 +38,8 @@ class GenerationOutput:
 
     `token_ids[i]` are the generated tokens of response i, up to and including the first
     end-of-sequence token when one was generated (it is part of what the model chose);
-    `texts[i]` is their decoding without special tokens; `stopped[i]` says whether the response
+    `texts[i]` is their decoding without special tokens, as a response to the full prompt text
+    (`prompts.response_text`: the whitespace the prompt ended in is not repeated); `stopped[i]` says whether the response
     ended with end-of-sequence (False: cut by `max_new_tokens`).
     """
 
@@ -102,8 +105,8 @@ def pad_token_id(tokenizer: Any) -> int:
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
-    """Prompt token ids without special tokens (the convention of `experiments.prompts.encode_pair`)."""
-    return [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    """Prompt token ids without special tokens, cut by `experiments.prompts.split_boundary` (as training is)."""
+    return [P.encode_prompt(tokenizer, p) for p in prompts]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +214,8 @@ def generate(
     token_ids = [r[0] for r in results]  # type: ignore[index]
     stopped = [r[1] for r in results]  # type: ignore[index]
     texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-    return GenerationOutput(texts=list(texts), token_ids=token_ids, stopped=stopped)
+    texts = [P.response_text(prompt, text) for prompt, text in zip(prompts, texts)]
+    return GenerationOutput(texts=texts, token_ids=token_ids, stopped=stopped)
 
 
 def _cut_at_eos(tokens: list[int], eos_ids: Sequence[int]) -> tuple[list[int], bool]:

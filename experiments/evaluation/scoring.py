@@ -11,8 +11,9 @@ its continuation `prompts.choice_continuation(choice)` (" " + text) after the pr
 choice is the argmax of the summed log-likelihood, the normalised choice the argmax of the sum
 divided by the choice text's length in characters (lm-eval's `acc_norm`: `len(choice)` of the
 choice strings; its byte-normalised `acc_bytes` is not used). Ties go to the lowest index, as
-`numpy.argmax` does. Prompt and continuation are tokenised separately and concatenated, as
-`prompts.encode_pair` does for training, so the scored tokens are the ones the model trained on.
+`numpy.argmax` does. Prompt and continuation are cut by `prompts.split_boundary` and tokenised
+separately, as `prompts.encode_pair` does for training, so the scored tokens are the ones the
+model trained on.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ def score_choices(
     for i, item in enumerate(items):
         if not item["choices"]:
             raise ValueError(f"item {item.get('id', i)!r} has no choices")
-        conts = encode_prompts(tokenizer, [P.choice_continuation(c) for c in item["choices"]])
+        conts = [P.encode_response(tokenizer, contexts[i], P.choice_continuation(c)) for c in item["choices"]]
         for j, cont in enumerate(conts):
             flat_prompts.append(context_ids[i])
             flat_conts.append(cont)

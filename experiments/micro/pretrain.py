@@ -5,15 +5,16 @@
 Steps:
 1. Generate the micro benchmark (`experiments.data.micro`) into `--data-dir` (a temporary folder by
    default); the pretraining corpus is its pretrain splits rendered with the shared templates of
-   `experiments.prompts` (prompt + response + eos), so the model sees at evaluation exactly what it
-   saw in pretraining.
+   `experiments.prompts` as (prompt, response) pairs and tokenised by the suite's one rule
+   (`prompts.split_boundary`: prompt tokens, response tokens, eos), so the model sees at
+   evaluation exactly the prompt tokens it saw in pretraining.
 2. Train a byte-level BPE tokenizer (digits split one per token, vocab 1024, `<|endoftext|>` as eos,
    `<|pad|>` as pad) on that corpus.
 3. Pretrain `Qwen3ForCausalLM` (hidden 192, 4 layers, 6 heads, intermediate 512, tied embeddings)
    on packed 256-token blocks of a token-weighted mixture of the three domains, AdamW with warmup
    and cosine decay, for `--steps` steps (`--minutes` is a wall-clock cap that stops it earlier).
-4. Log quick held-out checks during training (math exact match, multiple-choice accuracy) and a
-   final check on the full micro evaluation splits (plus code pass@1), save the Hugging Face folder
+4. Log quick held-out checks on the dev split during training (math exact match, multiple-choice accuracy) and a
+   final check on the full dev and test splits (plus code pass@1 per family), save the Hugging Face folder
    (config, safetensors, tokenizer, generation config), `pretrain_log.json` and `loss_curve.png`.
 
 Everything is seeded: the same seed and step count give the same data, tokenizer and initial
@@ -38,7 +39,8 @@ from tqdm import tqdm
 
 from experiments.data import micro
 from experiments.micro import quick_eval
-from experiments.prompts import choice_prompt, choice_response, code_problem_prompt, math_prompt, math_response
+from experiments.prompts import (choice_prompt, choice_response, code_problem_prompt, encode_prompt, encode_response,
+                                math_prompt, math_response)
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -87,17 +89,22 @@ def tiny_recipe(seed: int = 0, steps: int = 8) -> Recipe:
 # ---------------------------------------------------------------------------------------------
 
 
-def render_documents(splits: dict[str, list[dict]]) -> dict[str, list[str]]:
-    """Pretraining documents of each domain (prompt + response; eos is added at tokenisation)."""
-    docs = {
-        "math": [math_prompt(it) + math_response(it) for it in splits["math/pretrain"]],
+def render_pairs(splits: dict[str, list[dict]]) -> dict[str, list[tuple[str, str]]]:
+    """Pretraining documents of each domain as (prompt, response) text pairs (eos is added at tokenisation)."""
+    pairs = {
+        "math": [(math_prompt(it), math_response(it)) for it in splits["math/pretrain"]],
         "commonsense": [],
-        "code": [code_problem_prompt(p) + p["canonical_solution"] for p in splits["code/pretrain"]],
+        "code": [(code_problem_prompt(p), p["canonical_solution"]) for p in splits["code/pretrain"]],
     }
     for rec in splits["commonsense/pretrain"]:
         item = quick_eval.csqa_to_choice(rec)
-        docs["commonsense"].append(choice_prompt(item) + choice_response(item))
-    return docs
+        pairs["commonsense"].append((choice_prompt(item), choice_response(item)))
+    return pairs
+
+
+def render_documents(splits: dict[str, list[dict]]) -> dict[str, list[str]]:
+    """Pretraining documents of each domain as whole texts (prompt + response), for the tokenizer."""
+    return {domain: [p + r for p, r in pairs] for domain, pairs in render_pairs(splits).items()}
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -121,15 +128,21 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
-def build_blocks(tokenizer, docs: dict[str, list[str]], recipe: Recipe, n_tokens: int) -> torch.Tensor:
-    """Packed training blocks `[n_blocks, block_size + 1]` of a token-weighted domain mixture."""
+def encode_document(tokenizer, prompt: str, response: str) -> list[int]:
+    """A pretraining document's token ids: prompt and response cut and tokenised by the suite's one
+    rule (`prompts.encode_prompt` / `prompts.encode_response`), then eos, exactly as fine-tuning
+    (`prompts.encode_pair`) and evaluation tokenise them."""
+    return encode_prompt(tokenizer, prompt) + encode_response(tokenizer, prompt, response) + [tokenizer.eos_token_id]
+
+
+def build_blocks(tokenizer, docs: dict[str, list[tuple[str, str]]], recipe: Recipe, n_tokens: int) -> torch.Tensor:
+    """Packed training blocks `[n_blocks, block_size + 1]` of a token-weighted domain mixture of (prompt, response) documents."""
     rng = random.Random(f"{recipe.seed}/mixture")
-    eos = tokenizer.eos_token_id
     weights = {"math": recipe.mix_math, "commonsense": recipe.mix_commonsense, "code": recipe.mix_code}
     total_w = sum(weights.values())
     chosen: list[list[int]] = []
-    for domain, texts in docs.items():
-        ids = [e + [eos] for e in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    for domain, pairs in docs.items():
+        ids = [encode_document(tokenizer, p, r) for p, r in pairs]
         budget = n_tokens * weights[domain] / total_w
         got = 0
         while got < budget:
@@ -188,17 +201,20 @@ def run_progress(step: int, elapsed_s: float, recipe: Recipe) -> float:
     return max(step / recipe.steps, elapsed_s / (recipe.minutes * 60))
 
 
-def quick_checks(model, tokenizer, splits: dict, n: Optional[int], recipe: Recipe, with_code: bool = False) -> dict:
-    math_items = splits["math/evaluation"][:n]
-    choice_items = [quick_eval.csqa_to_choice(r) for r in splits["commonsense/evaluation"][:n]]
+def quick_checks(model, tokenizer, splits: dict, n: Optional[int], recipe: Recipe, with_code: bool = False,
+                 split: str = "dev") -> dict:
+    """Math exact match, commonsense accuracy (and code pass@1, overall and per family) on `split`'s first `n` items."""
+    math_items = splits[f"math/{split}"][:n]
+    choice_items = [quick_eval.csqa_to_choice(r) for r in splits[f"commonsense/{split}"][:n]]
     out = {
+        "split": split,
         "math_exact_match": quick_eval.math_exact_match(model, tokenizer, math_items, recipe.math_max_new_tokens)["exact_match"],
         "commonsense_accuracy": quick_eval.choice_accuracy(model, tokenizer, choice_items)["accuracy"],
         "n_math": len(math_items),
         "n_commonsense": len(choice_items),
     }
     if with_code:
-        problems = splits["code/evaluation"][:n]
+        problems = splits[f"code/{split}"][:n]
         res = quick_eval.code_pass_at_1(model, tokenizer, problems, recipe.code_max_new_tokens)
         out["code_pass@1"] = res["pass@1"]
         out["n_code"] = len(problems)
@@ -245,11 +261,11 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
         data_root = Path(data_dir) if data_dir else Path(tmp)
         micro.write(data_root, recipe.seed, sizes)
         splits = micro.generate(recipe.seed, sizes)
-        docs = render_documents(splits)
+        docs = render_pairs(splits)
         timings["data_s"] = time.time() - t0
 
         t = time.time()
-        tokenizer = train_tokenizer([d for texts in docs.values() for d in texts], recipe.vocab_size)
+        tokenizer = train_tokenizer([p + r for pairs in docs.values() for p, r in pairs], recipe.vocab_size)
         timings["tokenizer_s"] = time.time() - t
 
         t = time.time()
@@ -313,11 +329,12 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
     save_loss_curve(history, out / "loss_curve.png")
 
     t = time.time()
-    final = quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items, recipe,
-                         with_code=True)
+    final = {split: quick_checks(model, tokenizer, splits, None if not recipe.tiny else recipe.quick_eval_items,
+                                 recipe, with_code=True, split=split) for split in ("dev", "test")}
     timings["final_eval_s"] = time.time() - t
-    tqdm.write(f"final: math EM {final['math_exact_match']:.3f}, MC acc {final['commonsense_accuracy']:.3f}, "
-               f"code pass@1 {final['code_pass@1']:.3f}")
+    for split, c in final.items():
+        tqdm.write(f"final ({split}): math EM {c['math_exact_match']:.3f}, MC acc {c['commonsense_accuracy']:.3f}, "
+                   f"code pass@1 {c['code_pass@1']:.3f}")
 
     timings["total_s"] = time.time() - t0
     import transformers

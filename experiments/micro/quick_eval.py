@@ -1,11 +1,12 @@
 """Small held-out checks of a micro model: math exact match, multiple-choice accuracy, code pass@1.
 
 These are the quick checks the micro pretraining recipe logs while it trains, and the numbers the
-micro backbone's model card reports. They use the shared templates of `experiments.prompts`:
+micro backbone's model card reports. They use the shared templates of `experiments.prompts` and the evaluation's own generation and
+scoring, so prompts are tokenised by the one rule (`prompts.split_boundary`):
 
 - math: greedy answer to `math_prompt`, final number (`#### N`, else the last number) vs gold;
 - multiple choice: the choice whose continuation `" {text}"` has the highest summed log-likelihood
-  (lm-eval's `acc`; `acc_norm` divides by the continuation's byte length);
+  (lm-eval's `acc`; `acc_norm` divides by the choice's length in characters);
 - code: greedy completion of `code_problem_prompt`, checked in the project sandbox exactly as the
   evaluation checks it (`completions_pass`).
 
@@ -17,9 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Sequence
 
-import torch
-
-from experiments.prompts import choice_continuation, choice_prompt, code_problem_prompt, math_prompt
+from experiments.prompts import code_problem_prompt, math_prompt
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -48,32 +47,13 @@ def csqa_to_choice(record: dict) -> dict:
     }
 
 
-@torch.no_grad()
 def greedy_generate(
     model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 64
 ) -> list[str]:
-    """Greedy continuations of `prompts` (text after the prompt, up to the eos token)."""
-    model.eval()
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    outs: list[str] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        enc = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in chunk]
-        width = max(len(e) for e in enc)
-        ids = torch.full((len(enc), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(enc), width), dtype=torch.long)
-        for row, e in enumerate(enc):  # left padding
-            ids[row, width - len(e):] = torch.tensor(e)
-            mask[row, width - len(e):] = 1
-        gen = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=eos, pad_token_id=pad,
-        )
-        for row in gen[:, width:].tolist():
-            if eos in row:
-                row = row[: row.index(eos)]
-            outs.append(tokenizer.decode([t for t in row if t != pad]))
-    return outs
+    """Greedy responses to `prompts` (the evaluation's `generation.generate`, so the same tokenisation rule)."""
+    from experiments.evaluation.generation import generate
+
+    return generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size).texts
 
 
 def math_exact_match(model: Any, tokenizer: Any, items: Sequence[dict], max_new_tokens: int = 64) -> dict:
@@ -86,43 +66,17 @@ def math_exact_match(model: Any, tokenizer: Any, items: Sequence[dict], max_new_
             "responses": responses, "answers": answers}
 
 
-@torch.no_grad()
 def choice_accuracy(model: Any, tokenizer: Any, items: Sequence[dict], batch_size: int = 96) -> dict:
-    """Accuracy of the highest log-likelihood choice (`acc`) and its length-normalised variant (`acc_norm`)."""
-    model.eval()
-    pad = tokenizer.pad_token_id
-    rows: list[tuple[int, list[int], int]] = []  # (item index, ids, n continuation tokens)
-    for i, it in enumerate(items):
-        p_ids = tokenizer(choice_prompt(it), add_special_tokens=False)["input_ids"]
-        for text in it["choices"]:
-            c_ids = tokenizer(choice_continuation(text), add_special_tokens=False)["input_ids"]
-            rows.append((i, p_ids + c_ids, len(c_ids)))
-    scores: list[float] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        width = max(len(r[1]) for r in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, (_, e, _) in enumerate(chunk):
-            ids[row, : len(e)] = torch.tensor(e)
-            mask[row, : len(e)] = 1
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
-        for row, (_, e, n_cont) in enumerate(chunk):
-            pos = torch.arange(len(e) - n_cont, len(e))
-            scores.append(float(logp[row, pos - 1, ids[row, pos]].sum()))
-    acc = acc_norm = 0
-    choices: list[int] = []
-    k = 0
-    for i, it in enumerate(items):
-        s = scores[k:k + len(it["choices"])]
-        k += len(it["choices"])
-        norm = [v / max(len(c.encode()), 1) for v, c in zip(s, it["choices"])]
-        best = max(range(len(s)), key=s.__getitem__)
-        choices.append(best)
-        acc += best == it["answer_index"]
-        acc_norm += max(range(len(s)), key=norm.__getitem__) == it["answer_index"]
+    """Accuracy of the highest log-likelihood choice (`acc`) and its length-normalised variant (`acc_norm`),
+    scored by the evaluation's `scoring.score_choices`."""
+    from experiments.evaluation.scoring import score_choices
+
+    scores = score_choices(model, tokenizer, items, chat_template=False, batch_size=batch_size)
     n = max(len(items), 1)
-    return {"accuracy": acc / n, "accuracy_norm": acc_norm / n, "n": len(items), "choices": choices}
+    gold = [it["answer_index"] for it in items]
+    return {"accuracy": sum(c == g for c, g in zip(scores.choice, gold)) / n,
+            "accuracy_norm": sum(c == g for c, g in zip(scores.choice_norm, gold)) / n,
+            "n": len(items), "choices": scores.choice}
 
 
 def completions_pass(problems: Sequence[dict], completions: Sequence[str]) -> list[bool]:

@@ -44,7 +44,9 @@ def test_encode_pair_masks_the_prompt(tiny_backbone_dir):
     assert n_prompt > 0 and all(l == -100 for l in ex["labels"][:n_prompt])
     assert ex["labels"][n_prompt:] == ex["input_ids"][n_prompt:]
     assert ex["input_ids"][-1] == tok.eos_token_id
-    assert tok.decode(ex["input_ids"][n_prompt:-1]) == tiny_code(1)[0]["canonical_solution"]
+    # the prompt's final newline belongs to the response (prompts.split_boundary)
+    assert tok.decode(ex["input_ids"][:n_prompt]).endswith("### Response:")
+    assert tok.decode(ex["input_ids"][n_prompt:-1]) == "\n" + tiny_code(1)[0]["canonical_solution"]
 
 
 def test_loss_falls(tiny_backbone_dir, tmp_path):

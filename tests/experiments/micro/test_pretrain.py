@@ -39,7 +39,9 @@ def test_tiny_recipe_writes_a_loadable_hf_folder(tiny_run):
     assert gen.eos_token_id == tok.eos_token_id and gen.pad_token_id == tok.pad_token_id
     assert log["steps_done"] == 6 and len(log["loss_history"]) == 6
     assert json.loads((out / "pretrain_log.json").read_text())["params"] == sum(p.numel() for p in model.parameters())
-    assert "code_pass@1" in log["final_checks"] and log["quick_checks"]
+    assert set(log["final_checks"]) == {"dev", "test"} and log["quick_checks"]
+    assert all("code_pass@1" in c and c["split"] == s for s, c in log["final_checks"].items())
+    assert all(c["split"] == "dev" for c in log["quick_checks"])  # no look at test while training
     ids = tok("Question: Tom has 3 apples.", return_tensors="pt")["input_ids"]
     new = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert new.shape[1] == ids.shape[1] + 4 or int(new[0, -1]) == tok.eos_token_id
@@ -96,7 +98,7 @@ def test_shipped_backbone_loads_and_answers():
     n_params = sum(p.numel() for p in model.parameters())
     assert 1_000_000 <= n_params <= 4_000_000
     torch.set_num_threads(2)
-    items = [json.loads(line) for line in (DATA / "math" / "evaluation.jsonl").read_text().splitlines()[:20]]
+    items = [json.loads(line) for line in (DATA / "math" / "dev.jsonl").read_text().splitlines()[:20]]
     res = quick_eval.math_exact_match(model, tok, items)
     assert all("####" in r for r in res["responses"])
     assert res["exact_match"] >= 0.5
