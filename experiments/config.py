@@ -20,6 +20,8 @@ SCHEDULERS = ("constant", "linear", "cosine")
 LOGGERS = ("none", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 DATA_KINDS = ("math", "choice", "code_problem", "code_instruction")
+BENCHMARK_SPLITS = ("dev", "test")
+HOLDOUT_PARTS = ("dev", "rest")
 RETAINED_KINDS = ("math", "choice")
 
 
@@ -29,10 +31,18 @@ class ConfigError(ValueError):
 
 @dataclass
 class SplitSpec:
-    """One split of a dataset and how many items to keep (seeded subset; null = all)."""
+    """One split of a dataset and which of its items to keep.
+
+    `holdout: dev` keeps only the split's fixed held-out tenth, `holdout: rest` everything else
+    (`experiments.data.benchmark.in_holdout`: a dev split carved from a training set);
+    `id_range: [lo, hi]` keeps items whose numeric task id is in lo..hi (MBPP's official splits
+    are id ranges); `max_items` then takes a seeded subset (null = all).
+    """
 
     split: str = MISSING
     max_items: Optional[int] = None
+    holdout: Optional[str] = None
+    id_range: Optional[List[int]] = None
 
 
 @dataclass
@@ -48,26 +58,31 @@ class DatasetSpec:
 
 @dataclass
 class TargetSplitSpec(DatasetSpec):
-    """A target dataset and the split used from it."""
+    """A target dataset and the split used from it (`holdout`, `id_range`: as in `SplitSpec`)."""
 
     split: str = MISSING
     max_items: Optional[int] = None
+    holdout: Optional[str] = None
+    id_range: Optional[List[int]] = None
 
 
 @dataclass
 class TargetSpec:
-    """Target training data and the target evaluation suites (name -> problems)."""
+    """Target training data and the target evaluation suites (name -> problems): `evaluation` on
+    the test split, `dev` on the dev split."""
 
     train: TargetSplitSpec = MISSING
     evaluation: Dict[str, TargetSplitSpec] = field(default_factory=dict)
+    dev: Dict[str, TargetSplitSpec] = field(default_factory=dict)
 
 
 @dataclass
 class RetainedSpec(DatasetSpec):
-    """A retained domain: its data and the disjoint calibration / evaluation splits."""
+    """A retained domain: its data and the disjoint calibration, dev and evaluation (test) splits."""
 
     calibration: SplitSpec = MISSING
     evaluation: SplitSpec = MISSING
+    dev: Optional[SplitSpec] = None
 
 
 @dataclass
@@ -77,6 +92,9 @@ class BenchmarkConfig:
     name: str = MISSING
     data_root: Optional[str] = None
     seed: int = 1234
+    # Which split a run evaluates on: `dev` for every choice (defaults, knob ranges, designs),
+    # `test` (the evaluation split) once, for the final numbers.
+    split: str = "test"
     target: TargetSpec = MISSING
     retained: Dict[str, RetainedSpec] = field(default_factory=dict)
     # The retained domains whose calibration data the methods may use (null = all). Evaluation
@@ -209,8 +227,11 @@ def validate_config(cfg: DictConfig) -> DictConfig:
         _fail("logger.mode", lg.mode, f"one of {list(WANDB_MODES)}")
 
     bm = typed.benchmark
+    if bm.split not in BENCHMARK_SPLITS:
+        _fail("benchmark.split", bm.split, f"one of {list(BENCHMARK_SPLITS)}")
     specs = [("benchmark.target.train", bm.target.train)]
     specs += [(f"benchmark.target.evaluation.{k}", v) for k, v in bm.target.evaluation.items()]
+    specs += [(f"benchmark.target.dev.{k}", v) for k, v in bm.target.dev.items()]
     specs += [(f"benchmark.retained.{k}", v) for k, v in bm.retained.items()]
     for key, spec in specs:
         if spec.kind not in DATA_KINDS:
@@ -221,11 +242,24 @@ def validate_config(cfg: DictConfig) -> DictConfig:
         _fail("benchmark.target.train.kind", bm.target.train.kind, "code_instruction")
     if not bm.target.evaluation:
         _fail("benchmark.target.evaluation", {}, "at least one evaluation suite")
+    if bm.split == "dev" and not bm.target.dev:
+        _fail("benchmark.target.dev", {}, "at least one dev suite when benchmark.split=dev")
+    split_specs = [("benchmark.target.train", bm.target.train)]
+    split_specs += [(f"benchmark.target.{part}.{k}", v) for part in ("evaluation", "dev")
+                    for k, v in bm.target[part].items()]
     for name, spec in bm.retained.items():
         if spec.kind not in RETAINED_KINDS:
             _fail(f"benchmark.retained.{name}.kind", spec.kind, f"one of {list(RETAINED_KINDS)}")
-        for part in ("calibration", "evaluation"):
-            _positive(f"benchmark.retained.{name}.{part}.max_items", spec[part].max_items)
+        if bm.split == "dev" and spec.dev is None:
+            _fail(f"benchmark.retained.{name}.dev", None, "a dev split spec when benchmark.split=dev")
+        split_specs += [(f"benchmark.retained.{name}.{part}", spec[part]) for part in ("calibration", "evaluation", "dev")
+                        if spec[part] is not None]
+    for key, spec in split_specs:
+        _positive(f"{key}.max_items", spec.max_items)
+        if spec.holdout is not None and spec.holdout not in HOLDOUT_PARTS:
+            _fail(f"{key}.holdout", spec.holdout, f"null or one of {list(HOLDOUT_PARTS)}")
+        if spec.id_range is not None and (len(spec.id_range) != 2 or spec.id_range[0] > spec.id_range[1]):
+            _fail(f"{key}.id_range", list(spec.id_range), "null or [lo, hi] with lo <= hi")
     if bm.protect is not None:
         unknown = [d for d in bm.protect if d not in bm.retained]
         if unknown or not bm.protect or len(set(bm.protect)) != len(bm.protect):

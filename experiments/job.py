@@ -35,7 +35,8 @@ from experiments.data.benchmark import Benchmark, build_benchmark
 from experiments.data.loaders import DataError
 from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method
-from experiments.prompts import apply_template, code_instruction_prompt, code_instruction_response, encode_pair
+from experiments.prompts import (apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response,
+                                encode_pair)
 from experiments.train import Preempted, checkpoint_paths, seed_everything, train
 
 # Errors that mean "the config asks for something impossible": one line, no traceback, exit code 2.
@@ -79,14 +80,25 @@ def preflight_backbone(bb: Any) -> None:
     check_target_modules(skeleton, list(bb.target_modules))
 
 
+#: How many training items `encode_target` checks against whole-text tokenisation.
+BOUNDARY_CHECK_ITEMS = 64
+
+
 def encode_target(benchmark: Benchmark, tokenizer: Any, chat_template: bool, max_length: int) -> list[dict]:
     """Encoded SFT examples (prompt + response, loss on the response) of the target training split."""
     out = []
-    for item in benchmark.target_train:
+    disagree = 0
+    for i, item in enumerate(benchmark.target_train):
         prompt = apply_template(tokenizer, code_instruction_prompt(item), chat_template)
         out.append(encode_pair(tokenizer, prompt, code_instruction_response(item), max_length))
+        if i < BOUNDARY_CHECK_ITEMS:
+            disagree += not boundary_agrees(tokenizer, prompt, code_instruction_response(item))
     if not out:
         raise DataError("benchmark.target.train: the target training split is empty")
+    if disagree:
+        print(f"[run] warning: for {disagree} of the first {min(len(out), BOUNDARY_CHECK_ITEMS)} training items this "
+              "tokenizer splits prompt + response differently from the whole text (experiments.prompts.split_boundary); "
+              "the model is prompted at a token boundary its pretraining may not have had", flush=True)
     return out
 
 
@@ -175,6 +187,10 @@ def run(cfg: DictConfig) -> dict:
     method: Method = build_method(typed.method)
     preflight_backbone(typed.backbone)
     benchmark = build_benchmark(typed.benchmark)
+    for dom in benchmark.retained.values():
+        if dom.dropped_calibration:
+            print(f"[run] {dom.name}: {dom.dropped_calibration} calibration items dropped (their question is in the "
+                  "dev or test split)", flush=True)
 
     run_dir.mkdir(parents=True, exist_ok=True)
     started = datetime.now(timezone.utc)
@@ -185,7 +201,9 @@ def run(cfg: DictConfig) -> dict:
         "status": "running",
         "method": method.name,
         "backbone": typed.backbone.name,
-        "benchmark": typed.benchmark.name,
+        # dev runs carry the split in the benchmark label, so no table or plot ever pools them with test runs
+        "benchmark": typed.benchmark.name if typed.benchmark.split == "test" else f"{typed.benchmark.name}@dev",
+        "split": typed.benchmark.split,
         "seed": typed.seed,
         "knobs": method.describe(),
         "config": science,

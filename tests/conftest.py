@@ -84,10 +84,13 @@ def tiny_benchmark_dir(tmp_path_factory) -> Path:
     """A benchmark folder laid out like the micro benchmark, with a handful of items per split."""
     root = tmp_path_factory.mktemp("tiny_benchmark")
     write_jsonl(root / "math" / "calibration.jsonl", tiny_math(6, 0))
-    write_jsonl(root / "math" / "evaluation.jsonl", tiny_math(5, 50))
+    write_jsonl(root / "math" / "dev.jsonl", tiny_math(5, 30))
+    write_jsonl(root / "math" / "test.jsonl", tiny_math(5, 50))
     write_jsonl(root / "commonsense" / "calibration.jsonl", tiny_choice(6, 0))
-    write_jsonl(root / "commonsense" / "evaluation.jsonl", tiny_choice(5, 50))
-    write_jsonl(root / "code" / "evaluation.jsonl", tiny_code(4, 100))
+    write_jsonl(root / "commonsense" / "dev.jsonl", tiny_choice(5, 30))
+    write_jsonl(root / "commonsense" / "test.jsonl", tiny_choice(5, 50))
+    write_jsonl(root / "code" / "dev.jsonl", tiny_code(4, 200))
+    write_jsonl(root / "code" / "test.jsonl", tiny_code(4, 100))
     train = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
               "response": p["canonical_solution"]} for p in tiny_code(24, 0)]
     (root / "code" / "train.json").write_text(json.dumps(train, indent=1))
@@ -127,6 +130,7 @@ def tiny_overrides(backbone: Path, bench: Path, run_root: Path, cache_dir: Path,
         "backbone.max_length": "96",
         "benchmark.target.train.local": str(bench / "code"),
         "benchmark.target.evaluation.micro_code.local": str(bench / "code"),
+        "benchmark.target.dev.micro_code.local": str(bench / "code"),
         "benchmark.retained.math.local": str(bench / "math"),
         "benchmark.retained.commonsense.local": str(bench / "commonsense"),
         "train.steps": "6",

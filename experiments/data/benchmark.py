@@ -1,8 +1,15 @@
 """A benchmark in memory: target training data, target evaluation problems, retained domains.
 
-Built from the `benchmark` config group. Calibration subsets are drawn with the benchmark's own
-seed (not the run's), so every run of a sweep sees the same retained data and shares one
-reference cache.
+Built from the `benchmark` config group. `benchmark.split` chooses what a run evaluates on: the
+`dev` specs (for every design choice) or the `evaluation` specs (the test split, for final
+numbers). Calibration subsets are drawn with the benchmark's own seed (not the run's), so every
+run of a sweep sees the same retained data and shares one reference cache.
+
+Dev splits of real datasets that have none are carved from a training split by a fixed rule
+(`in_holdout`: a tenth of the items chosen by a hash of their text, `holdout: dev`); the
+calibration subset then reads the rest (`holdout: rest`). Whatever the specs say, calibration
+items whose question also occurs (normalised) in the domain's dev or test split are dropped
+before the subset is drawn, so no method calibrates on a question it is evaluated on.
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import hashlib
+
+from experiments.data.dedup import normalise_text
 from experiments.data.loaders import DataError, is_local, load
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -19,12 +29,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class RetainedDomain:
-    """One retained domain: its kind (`math` or `choice`) and its disjoint calibration / evaluation items."""
+    """One retained domain: its kind (`math` or `choice`) and its disjoint calibration / evaluation items.
+
+    `evaluation` holds the items of the split the run evaluates on (dev or test, `Benchmark.split`);
+    `dropped_calibration` counts calibration items removed because their question is in dev or test.
+    """
 
     name: str
     kind: str
     calibration: list[dict]
     evaluation: list[dict]
+    dropped_calibration: int = 0
 
 
 @dataclass
@@ -36,6 +51,7 @@ class Benchmark:
     target_eval: list[dict]
     retained: dict[str, RetainedDomain] = field(default_factory=dict)
     protect: Optional[list[str]] = None  # retained domains methods may calibrate on; None = all
+    split: str = "test"  # which split `target_eval` and the retained `evaluation` items come from
 
     @property
     def protected(self) -> list[str]:
@@ -71,28 +87,89 @@ def _subset(items: list[dict], max_items: Optional[int], seed: int) -> list[dict
     return [items[i] for i in sorted(order[:max_items])]
 
 
-def load_split(spec, split_spec, data_root: Optional[str], seed: int) -> list[dict]:
-    """Load one split of a dataset spec and take its seeded subset."""
+def item_text(item: dict) -> str:
+    """The text that identifies an item: a question (math, choice), a prompt (code) or an instruction."""
+    for key in ("question", "prompt", "instruction"):
+        if key in item:
+            return str(item[key]) + ("\n" + item.get("input", "") if key == "instruction" else "")
+    raise DataError(f"an item without question, prompt or instruction: keys {sorted(item)}")
+
+
+def in_holdout(item: dict) -> bool:
+    """Whether an item is in the fixed held-out tenth of its split (sha256 of its normalised text)."""
+    digest = hashlib.sha256(normalise_text(item_text(item)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % 10 == 0
+
+
+def _task_number(item: dict) -> int:
+    tail = str(item.get("task_id", "")).rsplit("/", 1)[-1]
+    if not tail.isdigit():
+        raise DataError(f"id_range needs numeric task ids; got task_id {item.get('task_id')!r}")
+    return int(tail)
+
+
+def select(items: list[dict], split_spec) -> list[dict]:
+    """The items a split spec keeps before subsetting: its `holdout` part and its `id_range`."""
+    holdout = getattr(split_spec, "holdout", None)
+    if holdout == "dev":
+        items = [it for it in items if in_holdout(it)]
+    elif holdout == "rest":
+        items = [it for it in items if not in_holdout(it)]
+    elif holdout is not None:
+        raise DataError(f"holdout {holdout!r}: allowed null, 'dev', 'rest'")
+    id_range = getattr(split_spec, "id_range", None)
+    if id_range is not None:
+        lo, hi = id_range
+        items = [it for it in items if lo <= _task_number(it) <= hi]
+    if not items:
+        raise DataError(f"split {split_spec.split!r} (holdout {holdout!r}, id_range {id_range}) keeps no item")
+    return items
+
+
+def load_items(spec, split_spec, data_root: Optional[str]) -> list[dict]:
+    """Every item one split spec selects (before the seeded subset)."""
     source, hub_config = resolve_source(spec, data_root)
     files = dict(spec.files) if spec.files and is_local(source) else None
-    items = load(spec.kind, source, split_spec.split, hub_config=hub_config, files=files)
-    return _subset(items, split_spec.max_items, seed)
+    return select(load(spec.kind, source, split_spec.split, hub_config=hub_config, files=files), split_spec)
+
+
+def load_split(spec, split_spec, data_root: Optional[str], seed: int) -> list[dict]:
+    """Load one split of a dataset spec, keep what it selects and take its seeded subset."""
+    return _subset(load_items(spec, split_spec, data_root), split_spec.max_items, seed)
+
+
+def _retained(name: str, spec, split: str, root: Optional[str], seed: int) -> RetainedDomain:
+    dev = getattr(spec, "dev", None)
+    held_out = [spec.evaluation] + ([dev] if dev is not None else [])
+    if split == "dev" and dev is None:
+        raise DataError(f"benchmark.retained.{name}.dev: no dev split spec, needed for benchmark.split=dev")
+    evaluated = {normalise_text(item_text(it)) for part in held_out for it in load_items(spec, part, root)}
+    pool = load_items(spec, spec.calibration, root)
+    kept = [it for it in pool if normalise_text(item_text(it)) not in evaluated]
+    if not kept:
+        raise DataError(f"benchmark.retained.{name}.calibration: every item is also in its dev or test split")
+    calibration = _subset(kept, spec.calibration.max_items, seed)
+    evaluation = load_split(spec, dev if split == "dev" else spec.evaluation, root, seed + 1)
+    return RetainedDomain(name, spec.kind, calibration, evaluation, dropped_calibration=len(pool) - len(kept))
 
 
 def build_benchmark(cfg) -> Benchmark:
-    """Load every dataset a benchmark config names (see `experiments.config.BenchmarkConfig`)."""
+    """Load every dataset a benchmark config names (see `experiments.config.BenchmarkConfig`), for
+    evaluation on `cfg.split` (`dev` or `test`)."""
     root = cfg.data_root
+    split = getattr(cfg, "split", "test") or "test"
+    if split not in ("dev", "test"):
+        raise DataError(f"benchmark.split {split!r}: allowed 'dev', 'test'")
     train = load_split(cfg.target.train, cfg.target.train, root, cfg.seed)
+    suites = getattr(cfg.target, "dev", None) if split == "dev" else cfg.target.evaluation
+    if not suites:
+        raise DataError(f"benchmark.target.{'dev' if split == 'dev' else 'evaluation'}: no suite for split {split!r}")
     target_eval: list[dict] = []
-    for name, spec in cfg.target.evaluation.items():
+    for name, spec in suites.items():
         problems = load_split(spec, spec, root, cfg.seed)
         for p in problems:
             p.setdefault("suite", name)
         target_eval.extend(problems)
-    retained = {}
-    for name, spec in cfg.retained.items():
-        calibration = load_split(spec, spec.calibration, root, cfg.seed)
-        evaluation = load_split(spec, spec.evaluation, root, cfg.seed + 1)
-        retained[name] = RetainedDomain(name, spec.kind, calibration, evaluation)
+    retained = {name: _retained(name, spec, split, root, cfg.seed) for name, spec in cfg.retained.items()}
     protect = cfg.get("protect") if hasattr(cfg, "get") else getattr(cfg, "protect", None)
-    return Benchmark(cfg.name, train, target_eval, retained, None if protect is None else list(protect))
+    return Benchmark(cfg.name, train, target_eval, retained, None if protect is None else list(protect), split)
