@@ -132,7 +132,7 @@ def test_extended_preset_reuses_micro_main_runs():
 def test_default_points_are_the_plain_method_runs():
     """A point at a method's defaults is the same run (same id) as `run.py method=NAME`, so presets share runs."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        for point, method in (("micro_atlas_q90", "atlas"), ("micro_lora_s300", "lora"), ("micro_base", "base")):
+        for point, method in (("micro_atlas_q90", "atlas"), ("micro_lora_s600", "lora"), ("micro_base", "base")):
             via_point = validate_config(compose("config", overrides=[f"+point={point}", "seed=1"]))
             plain = validate_config(compose("config", overrides=[f"method={method}", "seed=1"]))
             assert run_id_for(via_point) == run_id_for(plain), point
