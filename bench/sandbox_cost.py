@@ -33,7 +33,7 @@ SCRIPT = "sandbox_cost"
 
 def problems(suite: str) -> list[dict]:
     if suite == "micro":
-        path = REPO / "assets" / "micro" / "data" / "code" / "evaluation.jsonl"
+        path = REPO / "assets" / "micro" / "data" / "code" / "test.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
     path = REPO.parent / "shared" / "data" / "humaneval" / "HumanEval.jsonl.gz"
     if not path.is_file():

@@ -143,8 +143,8 @@ def _retained(name: str, spec, split: str, root: Optional[str], seed: int) -> Re
     held_out = [spec.evaluation] + ([dev] if dev is not None else [])
     if split == "dev" and dev is None:
         raise DataError(f"benchmark.retained.{name}.dev: no dev split spec, needed for benchmark.split=dev")
-    evaluated = {normalise_text(item_text(it)) for part in held_out for it in load_items(spec, part, root)}
     pool = load_items(spec, spec.calibration, root)
+    evaluated = {normalise_text(item_text(it)) for part in held_out for it in load_items(spec, part, root)}
     kept = [it for it in pool if normalise_text(item_text(it)) not in evaluated]
     if not kept:
         raise DataError(f"benchmark.retained.{name}.calibration: every item is also in its dev or test split")

@@ -100,7 +100,7 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     else:
         assert all(c.benchmark.protect is None for c in cfgs)
     if micro:
-        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == (1.0e-4 if c.method.name == "fullft" else 1.0e-3)
+        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == (1.0e-4 if c.method.name == "fullft" else 3.0e-3)
                    for c in cfgs)
     else:  # the real backbones' training and generation lengths (conf/train/paper.yaml, conf/eval/paper.yaml)
         assert all(c.train.lr == 2.0e-4 and c.eval.max_new_tokens_code == 512 and c.eval.max_new_tokens_math == 384

@@ -49,8 +49,8 @@ def test_dev_and_test_runs_have_different_run_ids():
 
 @pytest.mark.parametrize("override, key", [
     ("benchmark.split=val", "benchmark.split"),
-    ("benchmark.retained.math.dev.holdout=half", "benchmark.retained.math.dev.holdout"),
-    ("benchmark.target.dev.micro_code.id_range=[5,1]", "benchmark.target.dev.micro_code.id_range"),
+    ("+benchmark.retained.math.dev.holdout=half", "benchmark.retained.math.dev.holdout"),
+    ("+benchmark.target.dev.micro_code.id_range=[5,1]", "benchmark.target.dev.micro_code.id_range"),
 ])
 def test_bad_split_settings_are_rejected_before_any_compute(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -61,11 +61,12 @@ def test_dev_split_needs_dev_specs():
     with pytest.raises(ConfigError, match=r"benchmark\.retained\.math\.dev"):
         composed("benchmark.split=dev", "~benchmark.retained.math.dev")
     with pytest.raises(ConfigError, match=r"benchmark\.target\.dev"):
-        composed("benchmark.split=dev", "benchmark.target.dev={}")
+        composed("benchmark.split=dev", "~benchmark.target.dev")
 
 
 def test_calibration_items_that_are_in_dev_or_test_are_dropped(tmp_path, tiny_benchmark_dir):
     bench = tmp_path / "bench"
+    bench.mkdir()
     for sub in ("code", "commonsense"):
         (bench / sub).symlink_to(tiny_benchmark_dir / sub)
     dev, test = tiny_math(5, 30), tiny_math(5, 50)

