@@ -14,12 +14,11 @@ before the subset is drawn, so no method calibrates on a question it is evaluate
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
-
-import hashlib
 
 from experiments.data.dedup import normalise_text
 from experiments.data.loaders import DataError, is_local, load

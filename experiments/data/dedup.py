@@ -26,8 +26,7 @@ import keyword
 import re
 import textwrap
 import tokenize
-from itertools import combinations
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 #: Two prose items are near-duplicates when the difflib ratio of their masked token sequences is
 #: at least this (1.0 = identical sequences).
@@ -110,8 +109,3 @@ def near_pairs(a: Iterable[tuple[str, ...]], b: Iterable[tuple[str, ...]],
             best = max(best, r)
             count += r >= threshold
     return count, best
-
-
-def pairwise(groups: dict[str, list], measure: Callable[[list, list], object]) -> dict[str, object]:
-    """`measure(a, b)` for every pair of groups, keyed `"a|b"` in the groups' order."""
-    return {f"{x}|{y}": measure(groups[x], groups[y]) for x, y in combinations(groups, 2)}

@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-from itertools import combinations
 import json
 import random
 import re
 from dataclasses import asdict, dataclass
+from itertools import combinations
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -725,15 +725,14 @@ def _make_problem(family_name: str, fam: CodeFamily, rng: random.Random, split: 
     names = rng.sample(CODE_NAMES[split], 2)
     obj = rng.choice(CODE_OBJECTS[split])
     arg_names = rng.choice(fam.args)
-    placeholders = {"x": "{x}", "a": "{a}", "b": "{b}", "xs": "{xs}", "s": "{s}"}
-    keys = [k for k in placeholders if "{" + k + "}" in fam.signature]
-    args = dict(zip(keys, arg_names))
+    args = dict(zip([k for k in ("x", "a", "b", "xs", "s") if "{" + k + "}" in fam.signature], arg_names))
     tag = consts.get("suffix", "") if str(consts.get("suffix", "")).isalpha() else "mark"
     fields = {"N": names[0], "M": names[1], "O": obj, "obj": obj, "add": rng.choice(ADD_VERBS),
               "sub": rng.choice(SUB_VERBS), "word": rng.choice(CODE_WORDS[split]), "tag": tag, **consts, **args}
     fname = rng.choice(fam.fnames[split]).format(**fields)
     example = fam.inputs(rng, consts)
-    tests = fam.edge_inputs(consts) + [fam.inputs(rng, consts) for _ in range(4 - len(fam.edge_inputs(consts)))]
+    edges = fam.edge_inputs(consts)
+    tests = edges + [fam.inputs(rng, consts) for _ in range(4 - len(edges))]
     return _Problem(fname, fam.signature.format(**fields), fam.docs[split][style].format(**fields),
                     "    " + body_t.format(**fields) + "\n", example, tests)
 

@@ -102,11 +102,6 @@ def render_pairs(splits: dict[str, list[dict]]) -> dict[str, list[tuple[str, str
     return pairs
 
 
-def render_documents(splits: dict[str, list[dict]]) -> dict[str, list[str]]:
-    """Pretraining documents of each domain as whole texts (prompt + response), for the tokenizer."""
-    return {domain: [p + r for p, r in pairs] for domain, pairs in render_pairs(splits).items()}
-
-
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE with digits split one per token, as a `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
