@@ -7,17 +7,11 @@
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from experiments.job import register_run_id_resolver
 
-def _run_id(*, _root_: DictConfig) -> str:
-    from experiments.job import run_id_for
-
-    science = OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"])
-    return run_id_for(science)
-
-
-OmegaConf.register_new_resolver("run_id", _run_id, use_cache=False, replace=True)
+register_run_id_resolver()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

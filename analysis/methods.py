@@ -1,43 +1,22 @@
 """Method names, their order in tables, and one fixed colour and marker per method for every figure.
 
-Known methods have hand-picked styles (the ATLAS family in warm colours, baselines in cool and
-neutral ones); any other name gets a style derived from a SHA-256 of the name, so an unknown
-method looks the same in every figure, every run and on every machine.
+Known methods are the method registry, `conf/method/*.yaml`: each file's `display` block gives its
+label, group (reference, baseline, extended, ablation, base), order within the group, colour and
+marker (read as YAML files; analysis imports nothing from the runtime). Any other name gets a style
+derived from a SHA-256 of the name, so an unknown method looks the same in every figure, every run
+and on every machine.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
-REFERENCE = "atlas"
-BASE = "base"
-BASELINES = ("lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
-EXTENDED = ("milora", "pissa", "dora", "loranull", "fullft")  # beyond the paper (docs/baselines.md)
-ABLATIONS = ("atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_target", "atlas_random")
-KNOWN_ORDER = (REFERENCE, *BASELINES, *EXTENDED, *ABLATIONS, BASE)
+import yaml
 
-LABELS = {
-    "atlas": "ATLAS",
-    "lora": "LoRA",
-    "olora": "O-LoRA",
-    "replay": "Replay",
-    "ewc": "EWC",
-    "lwf": "LwF",
-    "corda": "CorDA",
-    "inflora": "InfLoRA",
-    "milora": "MiLoRA",
-    "pissa": "PiSSA",
-    "dora": "DoRA",
-    "loranull": "LoRA-Null",
-    "fullft": "Full FT",
-    "atlas_global": "ATLAS global",
-    "atlas_nofilter": "ATLAS no filter",
-    "atlas_nogate": "ATLAS no gate",
-    "atlas_target": "ATLAS target atlas",
-    "atlas_random": "ATLAS random atlas",
-    "base": "Base model",
-}
+METHOD_CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+GROUPS = ("reference", "baseline", "extended", "ablation", "base")
 
 
 @dataclass(frozen=True)
@@ -46,27 +25,30 @@ class Style:
     marker: str
 
 
-STYLES = {
-    "atlas": Style("#c62828", "o"),
-    "lora": Style("#1f77b4", "s"),
-    "olora": Style("#17becf", "D"),
-    "replay": Style("#2ca02c", "^"),
-    "ewc": Style("#9467bd", "v"),
-    "lwf": Style("#8c564b", "P"),
-    "corda": Style("#7f7f7f", "X"),
-    "inflora": Style("#bcbd22", "h"),
-    "milora": Style("#3949ab", "<"),
-    "pissa": Style("#7b4173", ">"),
-    "dora": Style("#e377c2", "d"),
-    "loranull": Style("#00695c", "p"),
-    "fullft": Style("#393b79", "8"),
-    "atlas_global": Style("#ef6c00", "<"),
-    "atlas_nofilter": Style("#ad1457", ">"),
-    "atlas_nogate": Style("#f9a825", "p"),
-    "atlas_target": Style("#6d4c41", "d"),
-    "atlas_random": Style("#ff8a65", "8"),
-    "base": Style("#000000", "*"),
-}
+def _registry() -> dict[str, dict]:
+    out = {}
+    for path in sorted(METHOD_CONF.glob("*.yaml")):
+        shown = (yaml.safe_load(path.read_text()) or {}).get("display")
+        if shown:
+            out[path.stem] = shown
+    return dict(sorted(out.items(), key=lambda kv: (GROUPS.index(kv[1]["group"]), kv[1]["order"], kv[0])))
+
+
+_DISPLAY = _registry()
+
+
+def _group(name: str) -> tuple[str, ...]:
+    return tuple(m for m, d in _DISPLAY.items() if d["group"] == name)
+
+
+REFERENCE = _group("reference")[0]
+BASE = _group("base")[0]
+BASELINES = _group("baseline")
+EXTENDED = _group("extended")  # beyond the paper (docs/baselines.md)
+ABLATIONS = _group("ablation")
+KNOWN_ORDER = tuple(_DISPLAY)
+LABELS = {m: d["label"] for m, d in _DISPLAY.items()}
+STYLES = {m: Style(d["color"], d["marker"]) for m, d in _DISPLAY.items()}
 # Styles for names not listed above, picked by a hash of the name (hues kept apart from the known ones).
 EXTRA_COLORS = ("#393b79", "#637939", "#7b4173", "#e7969c", "#9c9ede", "#5254a3", "#b5cf6b", "#00695c")
 EXTRA_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">", "p", "d")

@@ -1,7 +1,8 @@
 """The result record as analysis reads it: validation and the flat row of one complete run.
 
 A record is one JSON object per run (`<run_dir>/record.json`, written by the training runtime).
-This module knows its layout but imports nothing from the runtime: analysis reads files only.
+This module is the one definition of the record's layout: the runtime (`experiments.records`) takes
+its names and statuses from here, and it imports nothing from the runtime: analysis reads files only.
 
 `validate(record)` returns the reason a record cannot be used (or None); `to_row(record)` turns
 a valid complete record into one flat dict whose keys are the table's columns:
@@ -22,7 +23,12 @@ import math
 from typing import Any, Optional
 
 RECORD_NAME = "record.json"
-SCHEMA_VERSIONS = (1,)
+#: Every code completion of an evaluation with its sandbox verdict, next to the record it belongs to.
+CODE_SAMPLES_NAME = "code_samples.json"
+#: A run's records at post-hoc scales other than 1: <run_dir>/scales/<alpha>/record.json.
+SCALES_DIR = "scales"
+SCHEMA_VERSION = 1  # what the runtime writes
+SCHEMA_VERSIONS = (1,)  # what analysis reads
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
 STATUS_INTERRUPTED = "interrupted"

@@ -30,80 +30,76 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from tqdm.auto import tqdm
 
-from baselines.common import calibration_pairs, lora_layers, sequence_max_length, show_progress, target_module_names
-from baselines.lora import LoRA
-from experiments.backbones import check_target_modules
-from experiments.methods import RunContext, require
+from baselines.common import lora_layers
+from baselines.lora import LoRA, LoRAParams
+from experiments.calibration import calibration_pairs, seeded_subset
+from experiments.methods import RunContext, is_int, require
 
 CACHE_FILE = "corda_eigens.pt"
 INIT_DIR = "corda_init"
 
 
+@dataclass(kw_only=True)
+class CorDAParams(LoRAParams):
+    """LoRA's, plus whether the covariance reads the base's responses too (`include_responses`) and how many
+    calibration sequences it averages (`max_sequences`, null = all)."""
+
+    include_responses: bool
+    max_sequences: Optional[int]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("include_responses", self.include_responses, isinstance(self.include_responses, bool), "true or false")
+        require("max_sequences", self.max_sequences,
+                self.max_sequences is None or (is_int(self.max_sequences) and self.max_sequences > 0),
+                "null (all calibration prompts) or an integer > 0")
+
+
 class CorDA(LoRA):
     """peft CorDA (KPM) adapters; covariance from retained calibration data."""
 
-    def __init__(
-        self,
-        name: str = "corda",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        include_responses: bool = False,
-        max_sequences: Optional[int] = None,
-    ) -> None:
-        require("include_responses", include_responses, isinstance(include_responses, bool), "true or false")
-        require("max_sequences", max_sequences, max_sequences is None or (isinstance(max_sequences, int) and max_sequences > 0),
-                "null (all calibration prompts) or an integer > 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(include_responses=include_responses, max_sequences=max_sequences)
-        self.include_responses, self.max_sequences = include_responses, max_sequences
+    Params = CorDAParams
+    params: CorDAParams
+    exact_export = False  # the export is the converted update: the same function, other float32 rounding
+
+    def __init__(self, params: CorDAParams) -> None:
+        super().__init__(params)
         self.init_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (B0, A0)
         self.alpha_now = 1.0
         self.init_dir: Optional[Path] = None
-        self._costs: dict = {}
 
-    def lora_config(self, ctx: RunContext, cache_file: Optional[str] = None):
-        from peft import LoraConfig
-        from peft.tuners.lora.config import CordaConfig
-
-        return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-            target_modules=target_module_names(ctx, self.target_modules), bias="none", task_type="CAUSAL_LM",
-            init_lora_weights="corda",
-            corda_config=CordaConfig(corda_method="kpm", cache_file=cache_file, verbose=False),
-        )
+    def peft_init(self) -> dict:
+        return {"init_lora_weights": "corda"}
 
     def calibration_ids(self, ctx: RunContext) -> list[list[int]]:
-        pairs = calibration_pairs(ctx.reference(), sequence_max_length(ctx))
-        if self.max_sequences is not None and self.max_sequences < len(pairs):
-            keep = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(ctx.seed)).tolist()
-            pairs = [pairs[i] for i in sorted(keep[: self.max_sequences])]
-        return [p.prompt_ids + (p.response_ids if self.include_responses else []) for p in pairs]
+        pairs = seeded_subset(calibration_pairs(ctx), self.params.max_sequences, ctx.seed)
+        return [p.prompt_ids + (p.response_ids if self.params.include_responses else []) for p in pairs]
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         from peft import get_peft_model
+        from peft.tuners.lora.config import CordaConfig
         from peft.tuners.lora.corda import preprocess_corda
 
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
+        targets = self.resolve_targets(model, ctx)
         run_dir = Path(ctx.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         cache_file = run_dir / CACHE_FILE
         reused = cache_file.is_file() and cache_file.stat().st_size > 0
         # peft writes its cache with a plain torch.save: build into a temporary name, then rename.
         build_file = cache_file if reused else run_dir / f".{CACHE_FILE}.tmp-{os.getpid()}"
-        config = self.lora_config(ctx, str(build_file))
+        config = self.lora_config(targets, corda_config=CordaConfig(corda_method="kpm", cache_file=str(build_file),
+                                                                    verbose=False))
 
         def run_model() -> None:
             # One unpadded sequence per forward: peft's covariance hook squeezes the batch dimension.
-            for ids in tqdm(self.calibration_ids(ctx), desc="CorDA covariance", disable=not show_progress(ctx)):
+            for ids in tqdm(self.calibration_ids(ctx), desc="CorDA covariance", disable=not ctx.progress):
                 model(input_ids=torch.tensor([ids], device=ctx.device))
 
         t0 = time.perf_counter()
@@ -143,6 +139,3 @@ class CorDA(LoRA):
                 weight.copy_((weight.float() + shift.to(weight.device)).to(weight.dtype))
         super().scale(model, alpha)
         self.alpha_now = float(alpha)
-
-    def costs(self) -> dict:
-        return dict(self._costs)

@@ -27,12 +27,12 @@ Knobs: rank, train.steps / train.lr and the post-hoc scale.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from baselines.common import lora_layers, target_module_names
-from baselines.lora import LoRA
+from baselines.common import lora_layers
+from baselines.lora import LoRA, LoRAParams
 from experiments.methods import RunContext
 
 
@@ -56,26 +56,16 @@ def dora_effective_weight(layer: torch.nn.Module, adapter: str = "default") -> t
 class DoRA(LoRA):
     """peft DoRA: LoRA on the direction of each adapted weight plus a trained per-output magnitude."""
 
-    def __init__(
-        self,
-        name: str = "dora",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-    ) -> None:
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
+    Params = LoRAParams
+    params: LoRAParams
+
+    def __init__(self, params: LoRAParams) -> None:
+        super().__init__(params)
         self.alpha_now = 1.0
         self._trained: Optional[dict[str, tuple[torch.Tensor, torch.Tensor]]] = None  # module -> (B_t, m_t)
 
-    def lora_config(self, ctx: RunContext):
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-            target_modules=target_module_names(ctx, self.target_modules), bias="none", task_type="CAUSAL_LM",
-            use_dora=True,
-        )
+    def peft_init(self) -> dict:
+        return {"use_dora": True}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         model = super().prepare(model, ctx)

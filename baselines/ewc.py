@@ -22,37 +22,27 @@ in `fisher/` next to the reference-cache folder (`eval.cache_dir`, else $ATLAS_C
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from baselines.common import (
-    CalibrationPair,
-    calibration_pairs,
-    cfg_get,
-    lora_delta,
-    lora_layers,
-    sequence_max_length,
-    show_progress,
-    target_module_names,
-)
-from baselines.lora import LoRA
+from baselines.common import lora_delta, lora_layers
+from baselines.lora import LoRA, LoRAParams
 from experiments import disk_cache
 from experiments.activations import target_linears
-from experiments.backbones import backbone_key, check_target_modules
-from experiments.methods import RunContext, require
+from experiments.calibration import CalibrationPair, calibration_pairs, seeded_subset
+from experiments.methods import RunContext, is_int, require
 
 FISHER_FORMAT_VERSION = 1
 FISHER_FILE = "fisher.safetensors"
 
 
-def fisher_root(eval_cache_dir: Optional[str]) -> Path:
-    """`<reference cache folder>/../fisher`: the reference cache folder resolved as the evaluation resolves it."""
-    from experiments.evaluation.config import resolve_cache_dir
-
-    return resolve_cache_dir(eval_cache_dir).parent / "fisher"
+def fisher_root(reference_cache_dir: Path) -> Path:
+    """`<reference cache folder>/../fisher`, next to the run's reference cache (`RunContext.cache_dir`)."""
+    return Path(reference_cache_dir).parent / "fisher"
 
 
 def diagonal_fisher(
@@ -99,47 +89,47 @@ def ewc_penalty(fisher: dict[str, torch.Tensor], deltas: dict[str, torch.Tensor]
     return torch.stack([(fisher[n].to(d.dtype) * d.pow(2)).sum() for n, d in deltas.items()]).sum()
 
 
+@dataclass(kw_only=True)
+class EWCParams(LoRAParams):
+    """LoRA's, plus the penalty weight `ewc_lambda` and the calibration sequences the Fisher averages over
+    (`max_sequences`, null = all)."""
+
+    ewc_lambda: float
+    max_sequences: Optional[int]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("ewc_lambda", self.ewc_lambda, self.ewc_lambda >= 0, ">= 0")
+        require("max_sequences", self.max_sequences,
+                self.max_sequences is None or (is_int(self.max_sequences) and self.max_sequences > 0),
+                "null (all calibration sequences) or an integer > 0")
+
+
 class EWC(LoRA):
     """LoRA with a diagonal-Fisher quadratic penalty on its weight update."""
 
-    def __init__(
-        self,
-        name: str = "ewc",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        ewc_lambda: float = 1000.0,
-        max_sequences: Optional[int] = None,
-    ) -> None:
-        require("ewc_lambda", ewc_lambda, ewc_lambda >= 0, ">= 0")
-        require("max_sequences", max_sequences, max_sequences is None or (isinstance(max_sequences, int) and max_sequences > 0),
-                "null (all calibration sequences) or an integer > 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(ewc_lambda=ewc_lambda, max_sequences=max_sequences)
-        self.ewc_lambda, self.max_sequences = float(ewc_lambda), max_sequences
+    Params = EWCParams
+    params: EWCParams
+
+    def __init__(self, params: EWCParams) -> None:
+        super().__init__(params)
         self.fisher: dict[str, torch.Tensor] = {}
-        self._costs: dict = {}
 
     # -- Fisher ------------------------------------------------------------------------------------
     def fisher_pairs(self, ctx: RunContext) -> list[CalibrationPair]:
-        pairs = calibration_pairs(ctx.reference(), sequence_max_length(ctx))
-        if self.max_sequences is not None and self.max_sequences < len(pairs):
-            keep = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(ctx.seed)).tolist()
-            pairs = [pairs[i] for i in sorted(keep[: self.max_sequences])]
-        return pairs
+        return seeded_subset(calibration_pairs(ctx), self.params.max_sequences, ctx.seed)
 
     def fisher_key(self, ctx: RunContext, targets: list[str]) -> tuple[str, dict]:
         """sha256 of backbone key + reference cache key + seed + settings."""
         components = {
             "format_version": FISHER_FORMAT_VERSION,
-            "backbone": backbone_key(ctx.cfg.backbone),
+            "backbone": ctx.backbone_key,
             "reference": ctx.reference().key,
             "seed": int(ctx.seed),
             "target_modules": sorted(targets),
-            "max_sequences": self.max_sequences,
-            "max_length": sequence_max_length(ctx),
-            "dtype": str(cfg_get(ctx.cfg, "backbone.dtype", "float32")),
+            "max_sequences": self.params.max_sequences,
+            "max_length": ctx.max_length,
+            "dtype": ctx.dtype,
         }
         return disk_cache.sha256_of(components), components
 
@@ -147,13 +137,13 @@ class EWC(LoRA):
         from safetensors.torch import load_file, save_file
 
         key, components = self.fisher_key(ctx, targets)
-        path = disk_cache.entry_path(fisher_root(cfg_get(ctx.cfg, "eval.cache_dir")), "fisher",
+        path = disk_cache.entry_path(fisher_root(ctx.cache_dir), "fisher",
                                      components["backbone"], key)
         modules = target_linears(model, targets)
 
         def build(folder: Path) -> dict:
             pairs = self.fisher_pairs(ctx)
-            fisher = diagonal_fisher(model, modules, pairs, ctx.device, progress=show_progress(ctx))
+            fisher = diagonal_fisher(model, modules, pairs, ctx.device, progress=ctx.progress)
             save_file({n: f.cpu().contiguous() for n, f in fisher.items()}, str(folder / FISHER_FILE))
             return {"n_sequences": len(pairs)}
 
@@ -175,8 +165,7 @@ class EWC(LoRA):
 
     # -- hooks -------------------------------------------------------------------------------------
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
+        targets = self.resolve_targets(model, ctx)
         fisher = self.load_or_compute_fisher(model, ctx, targets)
         model = super().prepare(model, ctx)
         dtype = next(model.parameters()).dtype
@@ -189,9 +178,6 @@ class EWC(LoRA):
         return ewc_penalty(self.fisher, {n: lora_delta(m) for n, m in lora_layers(model).items()})
 
     def extra_loss(self, model: torch.nn.Module, batch: dict, ctx: RunContext) -> Optional[torch.Tensor]:
-        if self.ewc_lambda == 0:
+        if self.params.ewc_lambda == 0:
             return None
-        return 0.5 * self.ewc_lambda * self.penalty(model)
-
-    def costs(self) -> dict:
-        return dict(self._costs)
+        return 0.5 * self.params.ewc_lambda * self.penalty(model)

@@ -21,14 +21,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from baselines.common import target_module_names
 from experiments.activations import target_linears
-from experiments.backbones import check_target_modules
-from experiments.methods import Method, RunContext, require
+from experiments.methods import AdapterParams, Method, RunContext
 
 WEIGHTS_FILE = "adapted_weights.safetensors"
 EXPORT_FORMAT = "atlas-fullft-v1"
@@ -62,25 +60,20 @@ def load_fullft_export(model: torch.nn.Module, export_dir: Path) -> torch.nn.Mod
 class FullFT(Method):
     """Train the full weights of the adapted modules; scale(alpha) = W0 + alpha (W - W0)."""
 
-    def __init__(self, name: str = "fullft", target_modules: Optional[Sequence[str]] = None) -> None:
-        require("target_modules", target_modules,
-                target_modules is None or (not isinstance(target_modules, str) and len(target_modules) > 0
-                                           and all(isinstance(t, str) for t in target_modules)),
-                "null (the backbone's target_modules) or a non-empty list of module names")
-        super().__init__(name, target_modules=target_modules)
-        self.target_modules = list(target_modules) if target_modules else None
+    Params = AdapterParams
+
+    def __init__(self, params: AdapterParams) -> None:
+        super().__init__(params)
         self.w0: dict[str, torch.Tensor] = {}  # module name -> W0 (host copy)
         self.alpha_now = 1.0
         self._trained: Optional[dict[str, torch.Tensor]] = None  # module name -> trained W while scaled away from 1
-        self._costs: dict = {}
 
     def adapted(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
         """Module name -> adapted Linear, in module order."""
         return {n: m for n, m in model.named_modules() if n in self.w0}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
+        targets = self.resolve_targets(model, ctx)
         linears = target_linears(model, targets)
         for p in model.parameters():
             p.requires_grad_(False)
@@ -135,10 +128,7 @@ class FullFT(Method):
         save_file(state, str(path), metadata={"format": EXPORT_FORMAT, "modules": json.dumps(sorted(self.w0))})
         return os.path.getsize(path)
 
-    @staticmethod
-    def from_export(model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+    @classmethod
+    def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
         """`load_fullft_export`: the base `model` with the exported adapted weights copied in."""
         return load_fullft_export(model, export_dir)
-
-    def costs(self) -> dict:
-        return dict(self._costs)

@@ -22,26 +22,16 @@ Knob: epsilon (0.9 ... 0.99).
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from baselines.common import (
-    calibration_pairs,
-    lora_layers,
-    load_or_build_site_tensors,
-    pair_example,
-    sequence_max_length,
-    site_inputs,
-    target_examples,
-    target_module_names,
-)
-from baselines.lora import LoRA
+from baselines.common import lora_layers, site_inputs
+from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
-from experiments.backbones import check_target_modules
-from experiments.methods import RunContext, require
+from experiments.calibration import calibration_pairs, pair_example, target_examples
+from experiments.methods import RunContext, is_int, require
 
 SUBSPACE_FILE = "inflora_subspaces.safetensors"
 
@@ -73,59 +63,58 @@ def complement_down_projection(retained: torch.Tensor, target: torch.Tensor, eps
     return a, m
 
 
+@dataclass(kw_only=True)
+class InfLoRAParams(LoRAParams):
+    """LoRA's, plus the retained energy threshold `epsilon`, the calibration tokens per site (`max_tokens`)
+    and the target sequences the down-projection is fitted on (`max_target_sequences`, null = all)."""
+
+    epsilon: float
+    max_tokens: int
+    max_target_sequences: Optional[int]
+    calibration_batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("epsilon", self.epsilon, 0.0 < self.epsilon < 1.0, "in (0, 1); the paper's range is 0.9 ... 0.99")
+        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
+        require("max_target_sequences", self.max_target_sequences,
+                self.max_target_sequences is None or (is_int(self.max_target_sequences) and self.max_target_sequences > 0),
+                "null (all) or an integer > 0")
+        require("calibration_batch_size", self.calibration_batch_size,
+                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
+
+
 class InfLoRA(LoRA):
     """LoRA whose frozen down-projection reads only directions outside the retained input subspace."""
 
-    def __init__(
-        self,
-        name: str = "inflora",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        epsilon: float = 0.95,
-        max_tokens: int = 4096,
-        max_target_sequences: Optional[int] = 512,
-        calibration_batch_size: int = 16,
-    ) -> None:
-        require("epsilon", epsilon, 0.0 < epsilon < 1.0, "in (0, 1); the paper's range is 0.9 ... 0.99")
-        require("max_tokens", max_tokens, isinstance(max_tokens, int) and max_tokens > 0, "an integer > 0")
-        require("max_target_sequences", max_target_sequences,
-                max_target_sequences is None or (isinstance(max_target_sequences, int) and max_target_sequences > 0),
-                "null (all) or an integer > 0")
-        require("calibration_batch_size", calibration_batch_size, calibration_batch_size > 0, "> 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(epsilon=epsilon, max_tokens=max_tokens, max_target_sequences=max_target_sequences,
-                            calibration_batch_size=calibration_batch_size)
-        self.epsilon, self.max_tokens = float(epsilon), max_tokens
-        self.max_target_sequences, self.calibration_batch_size = max_target_sequences, calibration_batch_size
+    Params = InfLoRAParams
+    params: InfLoRAParams
+
+    def __init__(self, params: InfLoRAParams) -> None:
+        super().__init__(params)
         self.retained_basis: dict[str, torch.Tensor] = {}  # backbone module name -> M [d, m]
-        self._costs: dict = {}
 
     def build_subspaces(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
         """(`<site>/A` [r, d] and `<site>/M` [d, m] for every site, site -> modules)."""
-        max_length = sequence_max_length(ctx)
-        retained_seqs = [pair_example(p) for p in calibration_pairs(ctx.reference(), max_length)]
-        target_seqs = target_examples(ctx, max_length, self.max_target_sequences, ctx.seed)
-        kw = dict(max_tokens=self.max_tokens, seed=ctx.seed, batch_size=self.calibration_batch_size)
+        p = self.params
+        retained_seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
+        target_seqs = target_examples(ctx, p.max_target_sequences, ctx.seed)
+        kw = dict(max_tokens=p.max_tokens, seed=ctx.seed, batch_size=p.calibration_batch_size)
         sites, retained = site_inputs(model, ctx, targets, retained_seqs, **kw)
         _, target = site_inputs(model, ctx, targets, target_seqs, sites=sites, **kw)
         out = {}
         for site in sites:
             a, m = complement_down_projection(retained[site.name].to(ctx.device), target[site.name].to(ctx.device),
-                                              self.epsilon, self.rank)
+                                              p.epsilon, p.rank)
             out[f"{site.name}/A"], out[f"{site.name}/M"] = a, m
         return out, {site.name: site.modules for site in sites}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
-        t0 = time.perf_counter()
-        tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / SUBSPACE_FILE,
-                                                            lambda: self.build_subspaces(model, ctx, targets))
+        targets = self.resolve_targets(model, ctx)
+        tensors, sites = self.run_statistics(ctx, SUBSPACE_FILE, lambda: self.build_subspaces(model, ctx, targets),
+                                             "subspace_build_seconds", "subspace_reused")
         spaces = {f"{m}.{what}": tensors[f"{site}/{what}"] for site, modules in sites.items() for m in modules
                   for what in ("A", "M")}
-        self._costs.update(subspace_build_seconds=time.perf_counter() - t0, subspace_reused=loaded)
         model = super().prepare(model, ctx)
         layers = lora_layers(model)
         with torch.no_grad():
@@ -139,6 +128,3 @@ class InfLoRA(LoRA):
         dims = [int(m.shape[1]) for m in self.retained_basis.values()]
         self._costs["retained_subspace_dim_mean"] = sum(dims) / max(len(dims), 1)
         return model
-
-    def costs(self) -> dict:
-        return dict(self._costs)

@@ -7,57 +7,63 @@ step 0. Knobs: training steps / learning rate, and the post-hoc scale.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
-from experiments.backbones import check_target_modules
-from experiments.methods import Method, RunContext, require
+from experiments.methods import AdapterParams, Method, RunContext, is_int, require
+
+
+@dataclass(kw_only=True)
+class LoRAParams(AdapterParams):
+    """peft LoRA's hyperparameters: rank r, scale numerator alpha (s = alpha / r), dropout on the adapter input."""
+
+    rank: int
+    alpha: float
+    dropout: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("rank", self.rank, is_int(self.rank) and self.rank > 0, "an integer > 0")
+        require("alpha", self.alpha, self.alpha > 0, "> 0")
+        require("dropout", self.dropout, 0.0 <= self.dropout < 1.0, "in [0, 1)")
 
 
 class LoRA(Method):
     """peft LoRA on the backbone's (or the configured) target modules."""
 
-    def __init__(
-        self,
-        name: str = "lora",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-    ) -> None:
-        require("rank", rank, isinstance(rank, int) and rank > 0, "an integer > 0")
-        require("alpha", alpha, alpha > 0, "> 0")
-        require("dropout", dropout, 0.0 <= dropout < 1.0, "in [0, 1)")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.rank, self.alpha, self.dropout = rank, alpha, dropout
-        self.target_modules = list(target_modules) if target_modules else None
+    Params = LoRAParams
+    params: LoRAParams
 
-    def lora_config(self, ctx: RunContext):
-        """The peft `LoraConfig` this method applies."""
+    def peft_init(self) -> dict:
+        """Extra `LoraConfig` keywords of a LoRA variant (its initialisation); none for plain LoRA."""
+        return {}
+
+    def lora_config(self, targets: list[str], **extra):
+        """The peft `LoraConfig` this method applies to `targets`."""
         from peft import LoraConfig
 
-        return LoraConfig(
-            r=self.rank,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=self.target_modules or list(ctx.cfg.backbone.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
+        p = self.params
+        return LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(targets),
+                          bias="none", task_type="CAUSAL_LM", **self.peft_init(), **extra)
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         from peft import get_peft_model
 
-        config = self.lora_config(ctx)
-        check_target_modules(model, list(config.target_modules), key="method.target_modules")
-        return get_peft_model(model, config)
+        return get_peft_model(model, self.lora_config(self.resolve_targets(model, ctx)))
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """Save the peft adapter (adapter_model.safetensors + adapter_config.json); return its bytes."""
         model.save_pretrained(str(out_dir))
         return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
+
+    @classmethod
+    def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+        """The backbone `model` with the exported peft adapter loaded on top, for inference."""
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(model, str(export_dir))
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:
         """Set every LoRA layer's scale to alpha * (lora_alpha / r): alpha = 0 is the base, 1 the trained model."""

@@ -34,26 +34,16 @@ Knobs: null_dim, rank, train.steps / train.lr and the post-hoc scale.
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from baselines.common import (
-    ResidualLoRA,
-    adapter_bytes,
-    calibration_pairs,
-    load_or_build_site_tensors,
-    lora_layers,
-    pair_example,
-    sequence_max_length,
-    set_residual_init,
-    site_inputs,
-    target_module_names,
-)
-from experiments.backbones import check_target_modules
-from experiments.methods import RunContext, require
+from baselines.common import ResidualLoRA, adapter_bytes, lora_layers, set_residual_init, site_inputs
+from baselines.lora import LoRAParams
+from experiments.calibration import calibration_pairs, pair_example
+from experiments.methods import RunContext, is_int, require
 
 INIT_FILE = "loranull_init.safetensors"
 
@@ -85,59 +75,59 @@ def null_factors(weight: torch.Tensor, null_basis: torch.Tensor, rank: int,
     return u[:, :rank] * root, root[:, None] * v
 
 
+@dataclass(kw_only=True)
+class LoRANullParams(LoRAParams):
+    """LoRA's, plus the null-space dimension per site (`null_dim`, null = rank) and the calibration tokens
+    per site (`max_tokens`)."""
+
+    null_dim: Optional[int]
+    max_tokens: int
+    calibration_batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("null_dim", self.null_dim, self.null_dim is None or (is_int(self.null_dim) and self.null_dim >= self.rank),
+                f"null (= rank) or an integer >= rank ({self.rank})")
+        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
+        require("calibration_batch_size", self.calibration_batch_size,
+                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
+
+
 class LoRANull(ResidualLoRA):
     """LoRA initialised from W0 on the retained inputs' null space; A frozen, only B trains."""
 
-    def __init__(
-        self,
-        name: str = "loranull",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        null_dim: Optional[int] = None,
-        max_tokens: int = 4096,
-        calibration_batch_size: int = 16,
-    ) -> None:
-        require("null_dim", null_dim, null_dim is None or (isinstance(null_dim, int) and not isinstance(null_dim, bool)
-                                                           and null_dim >= rank),
-                f"null (= rank) or an integer >= rank ({rank})")
-        require("max_tokens", max_tokens, isinstance(max_tokens, int) and max_tokens > 0, "an integer > 0")
-        require("calibration_batch_size", calibration_batch_size, calibration_batch_size > 0, "> 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(null_dim=null_dim, max_tokens=max_tokens, calibration_batch_size=calibration_batch_size)
-        self.null_dim = null_dim or rank
-        self.max_tokens, self.calibration_batch_size = max_tokens, calibration_batch_size
+    Params = LoRANullParams
+    params: LoRANullParams
+
+    def __init__(self, params: LoRANullParams) -> None:
+        super().__init__(params)
         self.null_basis: dict[str, torch.Tensor] = {}  # backbone module name -> N [d, m]
 
     def build_init(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
         """(`<site>/N` for every site, `<module>/B0` and `<module>/A0` for every adapted module, site -> modules)."""
-        seqs = [pair_example(p) for p in calibration_pairs(ctx.reference(), sequence_max_length(ctx))]
-        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=self.max_tokens, seed=ctx.seed,
-                                    batch_size=self.calibration_batch_size)
+        p = self.params
+        null_dim = p.null_dim or p.rank
+        seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
+        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=p.max_tokens, seed=ctx.seed,
+                                    batch_size=p.calibration_batch_size)
         modules = dict(model.named_modules())
-        s = self.alpha / self.rank
+        s = p.alpha / p.rank
         out = {}
         for site in sites:
-            require("null_dim", self.null_dim, self.null_dim <= site.dim,
-                    f"at most {site.dim}, the input width of site {site.name}")
-            basis = null_space_basis(inputs[site.name].to(ctx.device), self.null_dim)
+            require("null_dim", null_dim, null_dim <= site.dim, f"at most {site.dim}, the input width of site {site.name}")
+            basis = null_space_basis(inputs[site.name].to(ctx.device), null_dim)
             out[f"{site.name}/N"] = basis
             for name in site.modules:
                 weight = modules[name].weight
-                require("rank", self.rank, self.rank <= weight.shape[0],
-                        f"at most {weight.shape[0]}, the output width of {name}")
-                out[f"{name}/B0"], out[f"{name}/A0"] = null_factors(weight, basis, self.rank, s)
+                require("rank", p.rank, p.rank <= weight.shape[0], f"at most {weight.shape[0]}, the output width of {name}")
+                out[f"{name}/B0"], out[f"{name}/A0"] = null_factors(weight, basis, p.rank, s)
         return out, {site.name: site.modules for site in sites}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
-        t0 = time.perf_counter()
-        tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / INIT_FILE,
-                                                            lambda: self.build_init(model, ctx, targets))
+        targets = self.resolve_targets(model, ctx)
+        tensors, sites = self.run_statistics(ctx, INIT_FILE, lambda: self.build_init(model, ctx, targets),
+                                             "null_space_build_seconds", "null_space_reused")
         bases = {m: tensors[f"{site}/N"] for site, modules in sites.items() for m in modules}
-        self._costs.update(null_space_build_seconds=time.perf_counter() - t0, null_space_reused=loaded)
         model = super().prepare(model, ctx)  # plain peft LoRA layers (LoRA.prepare), factors set below
         for name, layer in lora_layers(model).items():
             if f"{name}/A0" not in tensors:

@@ -14,13 +14,15 @@ is kept in memory. Knob: lwf_lambda.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from baselines.common import MicroCounter, calibration_pairs, sequence_max_length, step_generator
-from baselines.lora import LoRA
-from experiments.methods import RunContext, require
+from baselines.common import MicroCounter, step_generator
+from baselines.lora import LoRA, LoRAParams
+from experiments.calibration import calibration_pairs
+from experiments.methods import RunContext, is_int, require
 
 
 def response_logits(model: torch.nn.Module, pairs, pad_id: int, device) -> list[torch.Tensor]:
@@ -52,36 +54,39 @@ def kl_to_cached_base(model: torch.nn.Module, pairs, reference, pad_id: int, dev
     return torch.cat(parts)
 
 
+@dataclass(kw_only=True)
+class LwFParams(LoRAParams):
+    """LoRA's, plus the distillation weight `lwf_lambda` and the retained pairs per micro-batch (`batch_size`)."""
+
+    lwf_lambda: float
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("lwf_lambda", self.lwf_lambda, self.lwf_lambda >= 0, ">= 0")
+        require("batch_size", self.batch_size, is_int(self.batch_size) and self.batch_size > 0, "an integer > 0")
+
+
 class LwF(LoRA):
     """LoRA with lambda * KL(base || model) on retained calibration responses."""
 
-    def __init__(
-        self,
-        name: str = "lwf",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        lwf_lambda: float = 1.0,
-        batch_size: int = 8,
-    ) -> None:
-        require("lwf_lambda", lwf_lambda, lwf_lambda >= 0, ">= 0")
-        require("batch_size", batch_size, isinstance(batch_size, int) and batch_size > 0, "an integer > 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(lwf_lambda=lwf_lambda, batch_size=batch_size)
-        self.lwf_lambda, self.batch_size = float(lwf_lambda), batch_size
+    Params = LwFParams
+    params: LwFParams
+
+    def __init__(self, params: LwFParams) -> None:
+        super().__init__(params)
         self.pairs = []
         self._micro = MicroCounter()
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        self.pairs = calibration_pairs(ctx.reference(), sequence_max_length(ctx))
+        self.pairs = calibration_pairs(ctx)
         return super().prepare(model, ctx)
 
     def draw(self, ctx: RunContext, index: int):
         """The retained pairs of micro-batch `index` of step `ctx.step`."""
         g = step_generator(ctx.seed, ctx.step, index, "lwf")
         n = len(self.pairs)
-        picks = torch.randperm(n, generator=g)[: min(self.batch_size, n)].tolist()
+        picks = torch.randperm(n, generator=g)[: min(self.params.batch_size, n)].tolist()
         return [self.pairs[i] for i in picks]
 
     def kl_term(self, model: torch.nn.Module, ctx: RunContext, pairs) -> torch.Tensor:
@@ -90,6 +95,6 @@ class LwF(LoRA):
 
     def extra_loss(self, model: torch.nn.Module, batch: dict, ctx: RunContext) -> Optional[torch.Tensor]:
         index = self._micro.next(ctx.step)
-        if self.lwf_lambda == 0:
+        if self.params.lwf_lambda == 0:
             return None
-        return self.lwf_lambda * self.kl_term(model, ctx, self.draw(ctx, index))
+        return self.params.lwf_lambda * self.kl_term(model, ctx, self.draw(ctx, index))

@@ -24,14 +24,11 @@ Knobs: rank, train.steps / train.lr and the post-hoc scale.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
-from baselines.common import ResidualLoRA, load_or_build_site_tensors, lora_layers, set_residual_init, target_module_names
-from experiments.backbones import check_target_modules
+from baselines.common import ResidualLoRA, lora_layers, set_residual_init
 from experiments.methods import RunContext, require
 
 FACTORS_FILE = "milora_factors.safetensors"
@@ -55,38 +52,25 @@ class MiLoRA(ResidualLoRA):
 
     init_dir_name = "milora_init"
 
-    def __init__(
-        self,
-        name: str = "milora",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-    ) -> None:
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-
     def build_factors(self, layers: dict[str, torch.nn.Module]):
         """(`<module>/B0`, `<module>/A0` for every adapted module, module -> [module]) from the current base weights."""
         out = {}
         for name, layer in layers.items():
-            b0, a0 = minor_factors(layer.get_base_layer().weight, self.rank, layer.scaling["default"])
+            b0, a0 = minor_factors(layer.get_base_layer().weight, self.params.rank, layer.scaling["default"])
             out[f"{name}/B0"], out[f"{name}/A0"] = b0, a0
         return out, {name: [name] for name in layers}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
         model = super().prepare(model, ctx)  # plain peft LoRA layers (LoRA.prepare), factors set below
         layers = lora_layers(model)
         smallest = min(min(layer.get_base_layer().weight.shape) for layer in layers.values())
-        require("rank", self.rank, self.rank <= smallest,
+        require("rank", self.params.rank, self.params.rank <= smallest,
                 f"at most {smallest}, the smallest dimension of an adapted weight (MiLoRA takes r singular components)")
-        t0 = time.perf_counter()
-        tensors, _, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / FACTORS_FILE, lambda: self.build_factors(layers))
+        tensors, _ = self.run_statistics(ctx, FACTORS_FILE, lambda: self.build_factors(layers), "svd_seconds",
+                                         "factors_reused")
         for name, layer in layers.items():
             if f"{name}/A0" not in tensors:
                 raise RuntimeError(f"MiLoRA's saved factors lack adapted module {name}")
             set_residual_init(layer, tensors[f"{name}/B0"], tensors[f"{name}/A0"])
-        self._costs.update(svd_seconds=time.perf_counter() - t0, factors_reused=loaded)
         self.remember_init(model, Path(ctx.run_dir))
         return model

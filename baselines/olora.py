@@ -19,25 +19,16 @@ Knob: lambda1.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from baselines.common import (
-    calibration_pairs,
-    lora_layers,
-    load_or_build_site_tensors,
-    pair_example,
-    sequence_max_length,
-    site_inputs,
-    target_module_names,
-)
-from baselines.lora import LoRA
+from baselines.common import lora_layers, site_inputs
+from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
-from experiments.backbones import check_target_modules
-from experiments.methods import RunContext, require
+from experiments.calibration import calibration_pairs, pair_example
+from experiments.methods import RunContext, is_int, require
 
 BASIS_FILE = "olora_basis.safetensors"
 
@@ -47,54 +38,54 @@ def orthogonality_penalty(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) ->
     return torch.stack([(a_prev.to(a.dtype) @ a.T).abs().sum() for a_prev, a in pairs]).sum()
 
 
+@dataclass(kw_only=True)
+class OLoRAParams(LoRAParams):
+    """LoRA's, plus the penalty weights lambda1 (orthogonality) and lambda2 (squared norm), the rows of
+    A_prev per site (`prev_rank`, null = rank) and the calibration tokens per site (`max_tokens`)."""
+
+    lambda1: float
+    lambda2: float
+    prev_rank: Optional[int]
+    max_tokens: int
+    calibration_batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("lambda1", self.lambda1, self.lambda1 >= 0, ">= 0")
+        require("lambda2", self.lambda2, self.lambda2 >= 0, ">= 0")
+        require("prev_rank", self.prev_rank, self.prev_rank is None or (is_int(self.prev_rank) and self.prev_rank > 0),
+                "null (= rank) or an integer > 0")
+        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
+        require("calibration_batch_size", self.calibration_batch_size,
+                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
+
+
 class OLoRA(LoRA):
     """LoRA + an L1 orthogonality penalty between A and the retained principal input directions."""
 
-    def __init__(
-        self,
-        name: str = "olora",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        lambda1: float = 0.5,
-        lambda2: float = 0.0,
-        prev_rank: Optional[int] = None,
-        max_tokens: int = 4096,
-        calibration_batch_size: int = 16,
-    ) -> None:
-        require("lambda1", lambda1, lambda1 >= 0, ">= 0")
-        require("lambda2", lambda2, lambda2 >= 0, ">= 0")
-        require("prev_rank", prev_rank, prev_rank is None or (isinstance(prev_rank, int) and prev_rank > 0),
-                "null (= rank) or an integer > 0")
-        require("max_tokens", max_tokens, isinstance(max_tokens, int) and max_tokens > 0, "an integer > 0")
-        require("calibration_batch_size", calibration_batch_size, calibration_batch_size > 0, "> 0")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(lambda1=lambda1, lambda2=lambda2, prev_rank=prev_rank, max_tokens=max_tokens,
-                            calibration_batch_size=calibration_batch_size)
-        self.lambda1, self.lambda2 = float(lambda1), float(lambda2)
-        self.prev_rank = prev_rank or rank
-        self.max_tokens, self.calibration_batch_size = max_tokens, calibration_batch_size
+    Params = OLoRAParams
+    params: OLoRAParams
+
+    def __init__(self, params: OLoRAParams) -> None:
+        super().__init__(params)
         self.a_prev: dict[str, torch.Tensor] = {}  # backbone module name -> (prev_rank, d_in)
-        self._costs: dict = {}
 
     def build_bases(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
         """(`<site>/A_prev` rows from the retained calibration inputs of each site, site -> modules)."""
-        seqs = [pair_example(p) for p in calibration_pairs(ctx.reference(), sequence_max_length(ctx))]
-        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=self.max_tokens, seed=ctx.seed,
-                                    batch_size=self.calibration_batch_size)
-        out = {f"{site.name}/A_prev": second_moment_basis(inputs[site.name].to(ctx.device), 1.0, self.prev_rank).T
+        p = self.params
+        seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
+        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=p.max_tokens, seed=ctx.seed,
+                                    batch_size=p.calibration_batch_size)
+        out = {f"{site.name}/A_prev": second_moment_basis(inputs[site.name].to(ctx.device), 1.0,
+                                                          p.prev_rank or p.rank).T
                for site in sites}
         return out, {site.name: site.modules for site in sites}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        targets = target_module_names(ctx, self.target_modules)
-        check_target_modules(model, targets, key="method.target_modules")
-        t0 = time.perf_counter()
-        tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / BASIS_FILE,
-                                                            lambda: self.build_bases(model, ctx, targets))
+        targets = self.resolve_targets(model, ctx)
+        tensors, sites = self.run_statistics(ctx, BASIS_FILE, lambda: self.build_bases(model, ctx, targets),
+                                            "basis_build_seconds", "basis_reused")
         bases = {m: tensors[f"{site}/A_prev"] for site, modules in sites.items() for m in modules}
-        self._costs.update(basis_build_seconds=time.perf_counter() - t0, basis_reused=loaded)
         model = super().prepare(model, ctx)
         layers = lora_layers(model)
         missing = sorted(set(layers) - set(bases))
@@ -113,10 +104,8 @@ class OLoRA(LoRA):
         return ortho, sq
 
     def extra_loss(self, model: torch.nn.Module, batch: dict, ctx: RunContext) -> Optional[torch.Tensor]:
-        if self.lambda1 == 0 and self.lambda2 == 0:
+        p = self.params
+        if p.lambda1 == 0 and p.lambda2 == 0:
             return None
         ortho, sq = self.penalty_terms(model)
-        return self.lambda1 * ortho + self.lambda2 * sq
-
-    def costs(self) -> dict:
-        return dict(self._costs)
+        return p.lambda1 * ortho + p.lambda2 * sq

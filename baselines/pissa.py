@@ -23,66 +23,56 @@ Knobs: rank, train.steps / train.lr and the post-hoc scale.
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from baselines.common import ResidualLoRA, target_module_names
-from experiments.backbones import check_target_modules
-from experiments.methods import RunContext, require
+from baselines.common import ResidualLoRA
+from baselines.lora import LoRAParams
+from experiments.methods import RunContext, is_int, require
+
+
+@dataclass(kw_only=True)
+class PiSSAParams(LoRAParams):
+    """LoRA's, plus the SVD: `svd_niter` null = exact, K = randomized with K subspace iterations."""
+
+    svd_niter: Optional[int]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("svd_niter", self.svd_niter, self.svd_niter is None or (is_int(self.svd_niter) and self.svd_niter > 0),
+                "null (exact SVD) or an integer > 0 (randomized SVD with that many subspace iterations)")
 
 
 class PiSSA(ResidualLoRA):
     """peft PiSSA adapters (principal singular components of each adapted weight; W0 replaced by the residual)."""
 
+    Params = PiSSAParams
+    params: PiSSAParams
     init_dir_name = "pissa_init"
 
-    def __init__(
-        self,
-        name: str = "pissa",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        svd_niter: Optional[int] = None,
-    ) -> None:
-        require("svd_niter", svd_niter, svd_niter is None or (isinstance(svd_niter, int) and not isinstance(svd_niter, bool)
-                                                             and svd_niter > 0),
-                "null (exact SVD) or an integer > 0 (randomized SVD with that many subspace iterations)")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(svd_niter=svd_niter)
-        self.svd_niter = svd_niter
-
-    @property
-    def init_lora_weights(self) -> str:
+    def peft_init(self) -> dict:
         """peft's name of the initialisation: "pissa" (exact SVD) or "pissa_niter_K"."""
-        return "pissa" if self.svd_niter is None else f"pissa_niter_{self.svd_niter}"
-
-    def lora_config(self, ctx: RunContext):
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-            target_modules=target_module_names(ctx, self.target_modules), bias="none", task_type="CAUSAL_LM",
-            init_lora_weights=self.init_lora_weights,
-        )
+        niter = self.params.svd_niter
+        return {"init_lora_weights": "pissa" if niter is None else f"pissa_niter_{niter}"}
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        from peft import get_peft_model
-
-        config = self.lora_config(ctx)
-        check_target_modules(model, list(config.target_modules), key="method.target_modules")
-        t0 = time.perf_counter()
-        if self.svd_niter is None:
-            model = get_peft_model(model, config)
-        else:
-            # torch.svd_lowrank draws from the global RNG of the weight's device: fork it, seeded by the run.
-            devices = list(range(torch.cuda.device_count())) if torch.device(ctx.device).type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(ctx.seed)
-                model = get_peft_model(model, config)
-        self._costs.update(svd_seconds=time.perf_counter() - t0)
+        config = self.lora_config(self.resolve_targets(model, ctx))
+        with self.timed("svd_seconds"):
+            model = self.initialised(model, config, ctx)
         self.remember_init(model, Path(ctx.run_dir))
         return model
+
+    def initialised(self, model: torch.nn.Module, config, ctx: RunContext) -> torch.nn.Module:
+        """peft's PiSSA initialisation; the randomized SVD's draws are seeded from the run's seed alone."""
+        from peft import get_peft_model
+
+        if self.params.svd_niter is None:
+            return get_peft_model(model, config)
+        # torch.svd_lowrank draws from the global RNG of the weight's device: fork it, seeded by the run.
+        devices = list(range(torch.cuda.device_count())) if torch.device(ctx.device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(ctx.seed)
+            return get_peft_model(model, config)

@@ -18,19 +18,13 @@ The loss is the loop's SFT loss on response tokens of every example in the batch
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from baselines.common import (
-    MicroCounter,
-    calibration_pairs,
-    labelled_calibration_examples,
-    pair_example,
-    sequence_max_length,
-    step_generator,
-)
-from baselines.lora import LoRA
+from baselines.common import MicroCounter, step_generator
+from baselines.lora import LoRA, LoRAParams
+from experiments.calibration import calibration_pairs, labelled_calibration_examples, pair_example
 from experiments.methods import RunContext, require
 
 MODES = ("replace", "append")
@@ -45,42 +39,46 @@ def replay_count(batch_size: int, rho: float, mode: str, u: float) -> int:
     return min(k, batch_size) if mode == "replace" else k
 
 
+@dataclass(kw_only=True)
+class ReplayParams(LoRAParams):
+    """LoRA's, plus the replayed share `rho`, whether replayed examples `replace` target ones or are
+    `append`ed, and whether they carry gold answers (`labelled`) instead of the base's own responses."""
+
+    rho: float
+    mode: str
+    labelled: bool
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("mode", self.mode, self.mode in MODES, f"one of {list(MODES)}")
+        ok = 0.0 <= self.rho <= 1.0 if self.mode == "replace" else 0.0 <= self.rho < 1.0
+        require("rho", self.rho, ok, "in [0, 1] (mode replace) or [0, 1) (mode append)")
+        require("labelled", self.labelled, isinstance(self.labelled, bool), "true or false")
+
+
 class Replay(LoRA):
     """LoRA trained on target batches with a share rho of retained calibration examples mixed in."""
 
-    def __init__(
-        self,
-        name: str = "replay",
-        rank: int = 8,
-        alpha: float = 16.0,
-        dropout: float = 0.0,
-        target_modules: Optional[Sequence[str]] = None,
-        rho: float = 0.25,
-        mode: str = "replace",
-        labelled: bool = False,
-    ) -> None:
-        require("mode", mode, mode in MODES, f"one of {list(MODES)}")
-        ok = 0.0 <= rho <= 1.0 if mode == "replace" else 0.0 <= rho < 1.0
-        require("rho", rho, ok, "in [0, 1] (mode replace) or [0, 1) (mode append)")
-        require("labelled", labelled, isinstance(labelled, bool), "true or false")
-        super().__init__(name, rank=rank, alpha=alpha, dropout=dropout, target_modules=target_modules)
-        self.hparams.update(rho=rho, mode=mode, labelled=labelled)
-        self.rho, self.mode, self.labelled = float(rho), mode, labelled
+    Params = ReplayParams
+    params: ReplayParams
+
+    def __init__(self, params: ReplayParams) -> None:
+        super().__init__(params)
         self.pool: list[dict[str, list[int]]] = []
         self._micro = MicroCounter()
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        max_length = sequence_max_length(ctx)
-        if self.labelled:
-            self.pool = labelled_calibration_examples(ctx, max_length)
+        if self.params.labelled:
+            self.pool = labelled_calibration_examples(ctx)
         else:
-            self.pool = [pair_example(p) for p in calibration_pairs(ctx.reference(), max_length)]
+            self.pool = [pair_example(p) for p in calibration_pairs(ctx)]
+        self._costs["replay_pool_size"] = len(self.pool)
         return super().prepare(model, ctx)
 
     def draw(self, batch_size: int, ctx: RunContext, index: int) -> list[dict[str, list[int]]]:
         """The replayed examples of micro-batch `index` of step `ctx.step`."""
         g = step_generator(ctx.seed, ctx.step, index, "replay")
-        k = replay_count(batch_size, self.rho, self.mode, float(torch.rand((), generator=g)))
+        k = replay_count(batch_size, self.params.rho, self.params.mode, float(torch.rand((), generator=g)))
         if k == 0:
             return []
         n = len(self.pool)
@@ -95,9 +93,6 @@ class Replay(LoRA):
             raise RuntimeError("replay: prepare() was not called (no replay pool)")
         index = self._micro.next(ctx.step)
         replayed = self.draw(len(examples), ctx, index)
-        if self.mode == "replace":
+        if self.params.mode == "replace":
             return list(examples[: len(examples) - len(replayed)]) + replayed
         return list(examples) + replayed
-
-    def costs(self) -> dict:
-        return {"replay_pool_size": len(self.pool)}

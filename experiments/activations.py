@@ -9,9 +9,9 @@ LoRA-Null, EWC) all read retained inputs through this module.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -163,3 +163,31 @@ def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] 
     r = int(torch.searchsorted(frac, torch.tensor(energy, dtype=frac.dtype)).item()) + 1
     r = min(r, len(s), max_rank or len(s))
     return vh[:r].T.contiguous()
+
+
+def load_or_build_site_tensors(
+    path: Path, build: Callable[[], tuple[dict[str, torch.Tensor], dict[str, list[str]]]]
+) -> tuple[dict[str, torch.Tensor], dict[str, list[str]], bool]:
+    """Per-site tensors saved at `path` by an earlier call of this run (a resumed run reuses them bit for
+    bit), else built and saved. `build` returns (tensors keyed `<site>/<what>`, site -> module names).
+
+    Returns (tensors, sites, loaded). One tensor per site, however many modules read it.
+    """
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as fh:
+            sites = json.loads(fh.metadata()["sites"])
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        return tensors, sites, True
+    tensors, sites = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
+              metadata={"sites": json.dumps(sites)})
+    tmp.replace(path)
+    return tensors, sites, False

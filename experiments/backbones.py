@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,20 @@ def model_summary(model: torch.nn.Module) -> dict:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"params_total": total, "params_trainable": trainable}
+
+
+def preflight_backbone(bb: Any) -> None:
+    """Check the backbone's target modules on a weightless (meta-device) model built from its config."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_path(bb.path), revision=bb.revision, trust_remote_code=bb.trust_remote_code)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=bb.trust_remote_code)
+    check_target_modules(skeleton, list(bb.target_modules))
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak accelerator memory on CUDA, else the process's peak resident set size, in bytes."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

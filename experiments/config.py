@@ -7,6 +7,8 @@ names the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -90,17 +92,17 @@ class BenchmarkConfig:
     """Which data a run trains and evaluates on."""
 
     name: str = MISSING
-    data_root: Optional[str] = None
-    seed: int = 1234
+    data_root: Optional[str] = MISSING
+    seed: int = MISSING
     # Which split a run evaluates on: `dev` for every choice (defaults, knob ranges, designs),
     # `test` (the evaluation split) once, for the final numbers.
-    split: str = "test"
+    split: str = MISSING
     target: TargetSpec = MISSING
-    retained: Dict[str, RetainedSpec] = field(default_factory=dict)
+    retained: Dict[str, RetainedSpec] = MISSING
     # The retained domains whose calibration data the methods may use (null = all). Evaluation
     # always measures every retained domain, so a run protecting only math shows what happens
     # to the unprotected ones.
-    protect: Optional[List[str]] = None
+    protect: Optional[List[str]] = MISSING
 
 
 @dataclass
@@ -109,49 +111,50 @@ class BackboneConfig:
 
     name: str = MISSING
     path: str = MISSING  # hub id or local folder (relative paths resolve against the repo root)
-    revision: Optional[str] = None
-    dtype: str = "float32"
-    target_modules: List[str] = field(default_factory=list)
-    chat_template: bool = False
-    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
-    train_batch_size: int = 8
-    grad_accum: int = 1
-    eval_batch_size: int = 16
-    max_length: int = 512
-    gradient_checkpointing: bool = False
-    attn_implementation: Optional[str] = None
-    trust_remote_code: bool = False
-    shapes: Dict[str, int] = field(default_factory=dict)  # architecture sizes for weightless cost estimates
+    revision: Optional[str] = MISSING
+    dtype: str = MISSING
+    target_modules: List[str] = MISSING
+    chat_template: bool = MISSING
+    chat_template_kwargs: Dict[str, Any] = MISSING
+    train_batch_size: int = MISSING
+    grad_accum: int = MISSING
+    eval_batch_size: int = MISSING
+    max_length: int = MISSING
+    gradient_checkpointing: bool = MISSING
+    attn_implementation: Optional[str] = MISSING
+    trust_remote_code: bool = MISSING
+    shapes: Dict[str, int] = MISSING  # architecture sizes for weightless cost estimates
 
 
 @dataclass
 class TrainConfig:
-    """The training loop's settings (batch sizes default to the backbone's)."""
+    """The training loop's settings; values live in conf/train/*.yaml. `batch_size`, `grad_accum` and
+    `max_length` may be null there (= the backbone's); `resolved_train` fills them in before `train()`."""
 
-    steps: int = 100
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    scheduler: str = "constant"
-    max_grad_norm: float = 1.0
-    batch_size: Optional[int] = None
-    grad_accum: Optional[int] = None
-    max_length: Optional[int] = None
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    progress: bool = True
-    num_threads: Optional[int] = None
+    steps: int = MISSING
+    lr: float = MISSING
+    weight_decay: float = MISSING
+    warmup_steps: int = MISSING
+    scheduler: str = MISSING
+    max_grad_norm: float = MISSING
+    batch_size: Optional[int] = MISSING
+    grad_accum: Optional[int] = MISSING
+    max_length: Optional[int] = MISSING
+    checkpoint_every: int = MISSING
+    keep_checkpoints: int = MISSING
+    log_every: int = MISSING
+    progress: bool = MISSING
+    num_threads: Optional[int] = MISSING
 
 
 @dataclass
 class LoggerConfig:
-    """Experiment logging: `none` or W&B (offline by default)."""
+    """Experiment logging: `none` or W&B (its settings in conf/logger/wandb.yaml)."""
 
-    kind: str = "none"
-    project: str = "atlas-suite"
+    kind: str = MISSING
+    project: Optional[str] = None
     entity: Optional[str] = None
-    mode: str = "offline"
+    mode: Optional[str] = None
     tags: List[str] = field(default_factory=list)
 
 
@@ -162,11 +165,11 @@ class RunConfig:
     method: Any = MISSING
     backbone: BackboneConfig = MISSING
     benchmark: BenchmarkConfig = MISSING
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 0
-    run_root: str = "runs"
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    logger: LoggerConfig = MISSING
+    seed: int = MISSING
+    run_root: str = MISSING
     hydra: Any = None
     experiment: Any = None
 
@@ -185,22 +188,61 @@ def structured(cfg: DictConfig) -> DictConfig:
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
     try:
-        return OmegaConf.merge(OmegaConf.structured(RunConfig), data)
+        typed = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}".splitlines()[0]) from None
+    missing = sorted(OmegaConf.missing_keys(typed))
+    if missing:
+        group = missing[0].split(".")[0]
+        raise ConfigError(f"{missing[0]}: no value; every key has its value in the YAML of its group "
+                          f"(conf/{group}/) or on the command line ({missing[0]}=...)")
+    return typed
+
+
+#: Configs validated in this process, by their canonical JSON: a run's config is composed for its run
+#: directory, by the sweep planner and by the job, and validated once.
+_VALIDATED: dict[str, DictConfig] = {}
+_VALIDATED_MAX = 256
 
 
 def validate_config(cfg: DictConfig) -> DictConfig:
-    """Return the typed config, or raise `ConfigError` for the first value that is not allowed."""
+    """Return the typed config (read-only), or raise `ConfigError` for the first value that is not allowed."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    data.pop("hydra", None)
+    key = json.dumps(data, sort_keys=True, default=str)
+    if key not in _VALIDATED:
+        typed = _validate(OmegaConf.create(data))
+        OmegaConf.set_readonly(typed, True)
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.pop(next(iter(_VALIDATED)))
+        _VALIDATED[key] = typed
+    return _VALIDATED[key]
+
+
+def resolved_train(typed: DictConfig) -> TrainConfig:
+    """The run's `TrainConfig` with null batch size, accumulation and sequence cap taken from the backbone."""
+    tr, bb = OmegaConf.to_object(typed.train), typed.backbone
+    return dataclasses.replace(tr, batch_size=tr.batch_size or bb.train_batch_size,
+                               grad_accum=tr.grad_accum or bb.grad_accum, max_length=tr.max_length or bb.max_length)
+
+
+def eval_config(typed: DictConfig) -> EvalConfig:
+    """The run's validated `EvalConfig` (validated in `validate_config`)."""
+    return OmegaConf.to_object(typed.eval)
+
+
+def _validate(cfg: DictConfig) -> DictConfig:
     typed = structured(cfg)
     method = typed.method
     if not isinstance(method, DictConfig) or "_target_" not in method or "name" not in method:
         _fail("method", method, "a method config with `_target_` and `name` (see conf/method/)")
-    if "rank" in method and method.rank is not None:
-        _positive("method.rank", method.rank)
-    if "lr" in method and method.lr is not None and method.lr < 0:
-        _fail("method.lr", method.lr, "must be >= 0")
+    from experiments.methods import DISPLAY_KEY, build_params, method_class
+
+    values = OmegaConf.to_container(method, resolve=True)
+    cls = method_class(values.pop("_target_"))
+    values.pop(DISPLAY_KEY, None)
+    build_params(cls, values)  # every hyperparameter checked now, before any job is launched
 
     bb = typed.backbone
     if bb.dtype not in DTYPES:
@@ -223,8 +265,10 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     lg = typed.logger
     if lg.kind not in LOGGERS:
         _fail("logger.kind", lg.kind, f"one of {list(LOGGERS)}")
-    if lg.mode not in WANDB_MODES:
+    if lg.kind == "wandb" and lg.mode not in WANDB_MODES:
         _fail("logger.mode", lg.mode, f"one of {list(WANDB_MODES)}")
+    if lg.kind == "wandb" and not lg.project:
+        _fail("logger.project", lg.project, "a W&B project name")
 
     bm = typed.benchmark
     if bm.split not in BENCHMARK_SPLITS:

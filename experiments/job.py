@@ -7,15 +7,12 @@ the backbone's weights are loaded or any training starts.
 
 from __future__ import annotations
 
-import os
-import resource
-import sys
+import logging
 import time
-import traceback
-from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,28 +21,27 @@ from experiments import records
 from experiments.backbones import (
     BackboneError,
     backbone_key,
-    check_target_modules,
     load_backbone,
     load_model,
     model_summary,
-    resolve_path,
+    peak_memory_bytes,
+    preflight_backbone,
 )
-from experiments.config import ConfigError, validate_config
+from experiments.calibration import encode_target_item
+from experiments.config import ConfigError, eval_config, resolved_train, validate_config
 from experiments.data.benchmark import Benchmark, build_benchmark
 from experiments.data.loaders import DataError
+from experiments.failure import failure_guard
+from experiments.log import console, run_log
 from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method
-from experiments.prompts import (apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response,
-                                encode_pair)
-from experiments.train import Preempted, checkpoint_paths, seed_everything, train
+from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
+from experiments.train import TrainResult, seed_everything, train
+
+log = logging.getLogger("suite.run")
 
 # Errors that mean "the config asks for something impossible": one line, no traceback, exit code 2.
 USER_ERRORS = (ConfigError, MethodConfigError, BackboneError, DataError)
-
-
-def typed_config(cfg: DictConfig) -> DictConfig:
-    """The validated config (raises one of USER_ERRORS)."""
-    return validate_config(cfg)
 
 
 def run_id_for(cfg: DictConfig) -> str:
@@ -56,6 +52,17 @@ def run_id_for(cfg: DictConfig) -> str:
     except USER_ERRORS:
         data = OmegaConf.to_container(cfg, resolve=True)
     return records.run_id_of(data)
+
+
+def _run_id_resolver(*, _root_: DictConfig) -> str:
+    return run_id_for(OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"]))
+
+
+def register_run_id_resolver() -> None:
+    """Register `${run_id:}` (conf/config.yaml's run directory): the one resolver of run ids from a composed
+    config, used by `run.py`, the sweep planner and SLURM jobs (which do not execute run.py's module code)."""
+    if not OmegaConf.has_resolver("run_id"):
+        OmegaConf.register_new_resolver("run_id", _run_id_resolver, use_cache=False)
 
 
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
@@ -70,260 +77,201 @@ def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
     return Path(typed.run_root) / run_id
 
 
-def preflight_backbone(bb: Any) -> None:
-    """Check the backbone's target modules on a weightless (meta-device) model built from its config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(resolve_path(bb.path), revision=bb.revision, trust_remote_code=bb.trust_remote_code)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=bb.trust_remote_code)
-    check_target_modules(skeleton, list(bb.target_modules))
-
-
 #: How many training items `encode_target` checks against whole-text tokenisation.
 BOUNDARY_CHECK_ITEMS = 64
 
 
 def encode_target(benchmark: Benchmark, tokenizer: Any, chat_template: bool, max_length: int) -> list[dict]:
     """Encoded SFT examples (prompt + response, loss on the response) of the target training split."""
-    out = []
-    disagree = 0
-    for i, item in enumerate(benchmark.target_train):
-        prompt = apply_template(tokenizer, code_instruction_prompt(item), chat_template)
-        out.append(encode_pair(tokenizer, prompt, code_instruction_response(item), max_length))
-        if i < BOUNDARY_CHECK_ITEMS:
-            disagree += not boundary_agrees(tokenizer, prompt, code_instruction_response(item))
-    if not out:
+    items = list(benchmark.target_train)
+    if not items:
         raise DataError("benchmark.target.train: the target training split is empty")
+    out = [encode_target_item(tokenizer, item, chat_template, max_length) for item in items]
+    checked = items[:BOUNDARY_CHECK_ITEMS]
+    disagree = sum(not boundary_agrees(tokenizer, apply_template(tokenizer, code_instruction_prompt(item), chat_template),
+                                       code_instruction_response(item)) for item in checked)
     if disagree:
-        print(f"[run] warning: for {disagree} of the first {min(len(out), BOUNDARY_CHECK_ITEMS)} training items this "
-              "tokenizer splits prompt + response differently from the whole text (experiments.prompts.split_boundary); "
-              "the model is prompted at a token boundary its pretraining may not have had", flush=True)
+        log.warning("warning: for %d of the first %d training items this tokenizer splits prompt + response "
+                    "differently from the whole text (experiments.prompts.split_boundary); the model is prompted at "
+                    "a token boundary its pretraining may not have had", disagree, len(checked))
     return out
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak accelerator memory on CUDA, else the process's peak resident set size, in bytes."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-@contextmanager
-def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[None]:
-    """Record any exception (status failed, with traceback; or interrupted after a signal) and always close the logger."""
-    exit_code = 0
-    try:
-        yield
-    except Preempted as exc:
-        exit_code = 1
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED, "interrupted": {"step": exc.step, "reason": str(exc)},
-             "provenance": records.provenance(_started(base_record))},
-        )
-        raise
-    except SystemExit as exc:
-        # A signal handler ended the process, e.g. submitit's on USR2 after the loop's checkpoint: the
-        # job was requeued and resumes, so the run is interrupted, not failed.
-        exit_code = 1
-        checkpoints = checkpoint_paths(run_dir)
-        step = int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED,
-             "interrupted": {"step": step, "reason": f"exit({exc.code}) during the run: requeued (or stopped) by a signal handler"},
-             "provenance": records.provenance(_started(base_record))},
-        )
-        raise
-    except BaseException as exc:
-        exit_code = 1
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_FAILED,
-             "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()},
-             "provenance": records.provenance(_started(base_record))},
-        )
-        raise
-    finally:
-        try:
-            logger.close(exit_code)
-        except Exception as exc:
-            if not exit_code:
-                raise
-            # After a failure or a signal the logger's service may be gone already (a requeue kills the
-            # job's processes): closing it must not hide why the run stopped.
-            print(f"[run] closing the logger failed after the run stopped: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
 
 
 def required_scales(typed: Any) -> list[float]:
     """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
     method that does not train (the base model is the same at every scale)."""
-    from hydra.utils import get_class
+    from experiments.methods import method_class
 
-    target = typed.method.get("_target_") if hasattr(typed.method, "get") else None
     try:
-        trains = bool(getattr(get_class(target), "trains", True)) if target else True
-    except Exception:
+        trains = method_class(typed.method._target_).trains
+    except MethodConfigError:
         trains = True  # build_method reports an unimportable target with its own message
     return records.extra_scales(typed.eval.scales) if trains else []
 
 
-def _started(base_record: dict) -> datetime:
-    return datetime.fromisoformat(base_record["started"])
-
-
 def run(cfg: DictConfig) -> dict:
     """Run (or skip) one job and return its result record."""
-    typed = typed_config(cfg)
+    console()
+    typed = validate_config(cfg)
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = records.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
     if records.is_complete(run_dir, run_id, required_scales(typed)):
-        print(f"[run] {run_id}: complete record in {run_dir}; skipped (nothing to do)", flush=True)
+        log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
         return records.read_record(run_dir)
 
     method: Method = build_method(typed.method)
     preflight_backbone(typed.backbone)
     benchmark = build_benchmark(typed.benchmark)
-    for dom in benchmark.retained.values():
-        if dom.dropped_calibration:
-            print(f"[run] {dom.name}: {dom.dropped_calibration} calibration items dropped (their question is in the "
-                  "dev or test split)", flush=True)
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    started = datetime.now(timezone.utc)
-    science = records.scientific_config(resolved)
-    base_record = {
-        "schema_version": records.SCHEMA_VERSION,
-        "run_id": run_id,
-        "status": "running",
-        "method": method.name,
-        "backbone": typed.backbone.name,
-        # dev runs carry the split in the benchmark label, so no table or plot ever pools them with test runs
-        "benchmark": typed.benchmark.name if typed.benchmark.split == "test" else f"{typed.benchmark.name}@dev",
-        "split": typed.benchmark.split,
-        "seed": typed.seed,
-        "knobs": method.describe(),
-        "config": science,
-        "started": started.isoformat(),
-    }
-    name = f"{method.name}-{typed.backbone.name}-s{typed.seed}-{run_id[:8]}"
-    logger = make_logger(typed.logger, run_id, run_dir, science, name)
-    with failure_guard(run_dir, base_record, logger):
-        return _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, started)
+    with run_log(run_dir):
+        for dom in benchmark.retained.values():
+            if dom.dropped_calibration:
+                log.info("%s: %d calibration items dropped (their question is in the dev or test split)",
+                         dom.name, dom.dropped_calibration)
+        started = datetime.now(timezone.utc)
+        science = records.scientific_config(resolved)
+        base_record = {
+            "schema_version": records.SCHEMA_VERSION,
+            "run_id": run_id,
+            "status": records.STATUS_RUNNING,
+            "method": method.name,
+            "backbone": typed.backbone.name,
+            # dev runs carry the split in the benchmark label, so no table or plot ever pools them with test runs
+            "benchmark": typed.benchmark.name if typed.benchmark.split == "test" else f"{typed.benchmark.name}@dev",
+            "split": typed.benchmark.split,
+            "seed": typed.seed,
+            "knobs": method.describe(),
+            "config": science,
+            "started": started.isoformat(),
+        }
+        name = f"{method.name}-{typed.backbone.name}-s{typed.seed}-{run_id[:8]}"
+        logger = make_logger(typed.logger, run_id, run_dir, science, name)
+        job = Job(typed, run_id, run_dir, method, benchmark, logger, base_record, started)
+        with failure_guard(run_dir, base_record, logger):
+            return job.run()
 
 
-def _run_body(typed, run_id, run_dir, method, benchmark, logger, base_record, started) -> dict:
-    from experiments.evaluation.config import as_eval_config
-    from experiments.evaluation.evaluate import evaluate_run
+def run_context(typed: DictConfig, tokenizer: Any, benchmark: Benchmark, run_dir: Path,
+                device: torch.device = torch.device("cpu"), reference_fn: Optional[Any] = None) -> RunContext:
+    """The `RunContext` of a validated config: everything methods read, resolved once."""
+    bb, train_cfg = typed.backbone, resolved_train(typed)
+    return RunContext(tokenizer=tokenizer, benchmark=benchmark, run_dir=Path(run_dir), device=device, seed=typed.seed,
+                      target_modules=list(bb.target_modules), max_length=train_cfg.max_length,
+                      chat_template=bb.chat_template, backbone_key=backbone_key(bb), dtype=bb.dtype,
+                      cache_dir=eval_config(typed).resolved_cache_dir(), progress=train_cfg.progress,
+                      reference_fn=reference_fn)
 
-    tr, bb = typed.train, typed.backbone
-    if tr.num_threads:
-        torch.set_num_threads(tr.num_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    seed_everything(typed.seed)
-    print(f"[run] {run_id}: {method.name} on {bb.name}/{benchmark.name}, seed {typed.seed} -> {run_dir}", flush=True)
 
-    model, tokenizer = load_backbone(bb, device)
-    if bb.gradient_checkpointing and method.trains:
-        model.gradient_checkpointing_enable()
-    key = backbone_key(bb)
-    eval_cfg = as_eval_config(typed.eval)
-    base_cache: dict = {}
+@dataclass
+class Job:
+    """One run's pieces after validation: what `run` hands over to load, prepare, train, evaluate and record."""
 
-    def base_model():
-        # A separately loaded frozen base: the reference is never the adapted model with adapters disabled.
-        if "model" not in base_cache:
-            base_cache["model"] = load_model(bb, device)
-            for p in base_cache["model"].parameters():
+    typed: DictConfig
+    run_id: str
+    run_dir: Path
+    method: Method
+    benchmark: Benchmark
+    logger: Any
+    base_record: dict
+    started: datetime
+
+    def run(self) -> dict:
+        typed, method, bb = self.typed, self.method, self.typed.backbone
+        train_cfg, self.eval_cfg = resolved_train(typed), eval_config(typed)
+        if train_cfg.num_threads:
+            torch.set_num_threads(train_cfg.num_threads)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        seed_everything(typed.seed)
+        log.info("%s: %s on %s/%s, seed %d -> %s", self.run_id, method.name, bb.name, self.benchmark.name, typed.seed,
+                 self.run_dir)
+
+        model, self.tokenizer = load_backbone(bb, self.device)
+        if bb.gradient_checkpointing and method.trains:
+            model.gradient_checkpointing_enable()
+        self.key, self._base = backbone_key(bb), None
+        ctx = run_context(typed, self.tokenizer, self.benchmark, self.run_dir, self.device, self.reference)
+        model = method.prepare(model, ctx)
+        summary = model_summary(model)
+
+        result = None
+        if method.trains and train_cfg.steps > 0:
+            examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
+            result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
+        stored_bytes = method.export(model, self.run_dir / "export")
+        model.eval()
+
+        costs = {"summary": summary, "stored_bytes": stored_bytes, "result": result}
+        scales = records.extra_scales(self.eval_cfg.scales) if method.trains else []
+        # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
+        # complete record.json means every requested scale is there too.
+        for alpha in scales:
+            out, scaled_id = records.scale_dir(self.run_dir, alpha), records.scale_run_id(self.run_id, alpha)
+            if records.is_complete(out, scaled_id):
+                log.info("%s: scale %s already evaluated", self.run_id, records.scale_label(alpha))
+                continue
+            log.info("%s: evaluating at post-hoc scale %s", self.run_id, records.scale_label(alpha))
+            method.scale(model, alpha)
+            scaled = self.evaluate(model, out, {"run_id": scaled_id, "scale": alpha, "train_run_id": self.run_id},
+                                   **costs)
+            self.logger.summary({f"scale/{records.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
+        if scales:
+            method.scale(model, 1.0)
+        record = self.evaluate(model, self.run_dir, {"scale": 1.0} if scales else {}, **costs)
+        self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
+        log.info("%s: complete; record %s", self.run_id, self.run_dir / records.RECORD_NAME)
+        return record
+
+    def base_model(self) -> torch.nn.Module:
+        """A separately loaded frozen base: the reference is never the adapted model with adapters disabled."""
+        if self._base is None:
+            self._base = load_model(self.typed.backbone, self.device)
+            for p in self._base.parameters():
                 p.requires_grad_(False)
-        return base_cache["model"]
+        return self._base
 
-    def reference():
+    def reference(self):
+        """The base model's reference cache of this benchmark (built on first use)."""
         from experiments.evaluation.reference_cache import get_reference
 
-        return get_reference(base_model(), tokenizer, benchmark, eval_cfg, key, bb.chat_template)
+        return get_reference(self.base_model(), self.tokenizer, self.benchmark, self.eval_cfg, self.key,
+                             self.typed.backbone.chat_template)
 
-    ctx = RunContext(cfg=typed, tokenizer=tokenizer, benchmark=benchmark, run_dir=run_dir, device=device,
-                     seed=typed.seed, reference_fn=reference)
-    model = method.prepare(model, ctx)
-    summary = model_summary(model)
+    def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, *, summary: dict, stored_bytes: int,
+                 result: Optional[TrainResult]) -> dict:
+        """Evaluate `model` as it is now and write its code samples and complete record into `out_dir`."""
+        from experiments.evaluation.evaluate import evaluate_run
 
-    result = None
-    if method.trains and tr.steps > 0:
-        max_length = tr.max_length or bb.max_length
-        examples = encode_target(benchmark, tokenizer, bb.chat_template, max_length)
-        result = train(
-            model, method, examples, ctx,
-            steps=tr.steps, lr=tr.lr, batch_size=tr.batch_size or bb.train_batch_size,
-            grad_accum=tr.grad_accum or bb.grad_accum, pad_id=tokenizer.pad_token_id,
-            weight_decay=tr.weight_decay, warmup_steps=tr.warmup_steps, scheduler=tr.scheduler,
-            max_grad_norm=tr.max_grad_norm, checkpoint_every=tr.checkpoint_every,
-            keep_checkpoints=tr.keep_checkpoints, log_every=tr.log_every, progress=tr.progress,
-            log_fn=logger.log,
-        )
-    stored_bytes = method.export(model, run_dir / "export")
-
-    model.eval()
-    base = model if not method.trains else base_model
-    scales = records.extra_scales(eval_cfg.scales) if method.trains else []
-    # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
-    # complete record.json means every requested scale is there too.
-    for alpha in scales:
-        out = records.scale_dir(run_dir, alpha)
-        scaled_id = records.scale_run_id(run_id, alpha)
-        if records.is_complete(out, scaled_id):
-            print(f"[run] {run_id}: scale {records.scale_label(alpha)} already evaluated", flush=True)
-            continue
-        print(f"[run] {run_id}: evaluating at post-hoc scale {records.scale_label(alpha)}", flush=True)
-        method.scale(model, alpha)
+        base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
-        metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
-        records.atomic_write_json(out / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
-        scaled = _complete_record({**base_record, "run_id": scaled_id, "scale": alpha, "train_run_id": run_id},
-                                  metrics, result, summary, stored_bytes, time.perf_counter() - t_eval, method, device,
-                                  started)
-        records.atomic_write_json(out / records.RECORD_NAME, scaled)
-        logger.summary({f"scale/{records.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
-    if scales:
-        method.scale(model, 1.0)
-
-    t_eval = time.perf_counter()
-    metrics = evaluate_run(model, base, tokenizer, benchmark, eval_cfg, key, bb.chat_template, progress=tr.progress)
-    records.atomic_write_json(run_dir / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
-    record = _complete_record({**base_record, "scale": 1.0} if scales else base_record, metrics, result, summary,
-                              stored_bytes, time.perf_counter() - t_eval, method, device, started)
-    records.atomic_write_json(run_dir / records.RECORD_NAME, record)
-    logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
-    print(f"[run] {run_id}: complete; record {run_dir / records.RECORD_NAME}", flush=True)
-    return record
-
-
-def _complete_record(base_record, metrics, result, summary, stored_bytes, eval_seconds, method, device, started) -> dict:
-    """A complete result record from the evaluation metrics and the run's training outcome and costs."""
-    return {
-        **base_record,
-        "status": records.STATUS_COMPLETE,
-        "metrics": {k: v for k, v in metrics.items() if k != "timing"},
-        "train": None if result is None else {
-            "steps": result.steps,
-            "final_loss": result.final_loss,
-            "losses": result.losses,
-            "resumed_from": result.resumed_from,
-        },
-        "cost": {
-            "train_seconds": 0.0 if result is None else result.train_seconds,
-            "tokens_seen": 0 if result is None else result.tokens_seen,
-            "peak_memory_bytes": peak_memory_bytes(device),
-            "trainable_params": summary["params_trainable"],
-            "total_params": summary["params_total"],
-            "stored_bytes": stored_bytes,
-            "decode_tokens_per_s": metrics.get("timing", {}).get("decode_tokens_per_s"),
-            "eval_seconds": eval_seconds,
-            **method.costs(),
-        },
-        "timing": metrics.get("timing", {}),
-        "provenance": records.provenance(started),
-    }
+        metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
+                               self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
+        records.atomic_write_json(out_dir / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
+        timing = metrics.pop("timing", {})
+        record = {
+            **self.base_record, **fields,
+            "status": records.STATUS_COMPLETE,
+            "metrics": metrics,
+            "train": None if result is None else {
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "losses": result.losses,
+                "resumed_from": result.resumed_from,
+            },
+            "cost": {
+                "train_seconds": 0.0 if result is None else result.train_seconds,
+                "tokens_seen": 0 if result is None else result.tokens_seen,
+                "peak_memory_bytes": peak_memory_bytes(self.device),
+                "trainable_params": summary["params_trainable"],
+                "total_params": summary["params_total"],
+                "stored_bytes": stored_bytes,
+                "decode_tokens_per_s": timing.get("decode_tokens_per_s"),
+                "eval_seconds": time.perf_counter() - t_eval,
+                **self.method.costs(),
+            },
+            "timing": timing,
+            "provenance": records.provenance(self.started),
+        }
+        records.atomic_write_json(out_dir / records.RECORD_NAME, record)
+        return record

@@ -1,6 +1,7 @@
 """The Method contract: hooks that every method (ATLAS and each baseline) plugs into the one training loop.
 
-A method is a small class; `experiments.train.train` calls its hooks in this order:
+A method is a small class with one hyperparameter dataclass (`Params`, as peft's `LoraConfig`);
+`experiments.train.train` calls its hooks in this order:
 
     model = method.prepare(model, ctx)            # inject adapters, build statistics from calibration data
     for each optimizer step:
@@ -9,35 +10,95 @@ A method is a small class; `experiments.train.train` calls its hooks in this ord
         optimizer step; method.after_step(model, ctx)  # e.g. projections
     method.export(model, dir)                     # what is stored (its bytes are a reported cost)
     method.scale(model, alpha)                    # post-hoc interpolation toward the base
+    model = type(method).load_export(base, dir)   # the exported method on a freshly loaded base
 
+Hyperparameter values live in `conf/method/<name>.yaml` only; a `Params` dataclass declares their
+types (no defaults) and checks their ranges in `__post_init__`, subclassing its parent method's.
 `experiments` never imports `atlas` or `baselines`: methods are built from config (`_target_`).
 """
 
 from __future__ import annotations
 
-import os
 import dataclasses
+import json
+import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
+from experiments.config import ConfigError
 
-class MethodConfigError(ValueError):
+PARAMS_FILE = "method.json"
+STATE_FILE = "method_state.safetensors"
+
+
+class MethodConfigError(ConfigError):
     """A method hyperparameter is not allowed; the message names key, value and what is allowed."""
+
+
+def require(key: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise `MethodConfigError` naming `method.<key>` unless `ok`."""
+    if not ok:
+        raise MethodConfigError(f"method.{key}={value!r} is not allowed: {allowed}")
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(kw_only=True)
+class MethodParams:
+    """What every method's hyperparameters hold: its name (records, tables, figures)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        require("name", self.name, isinstance(self.name, str) and bool(self.name.strip()), "a non-empty string")
+
+
+@dataclass(kw_only=True)
+class AdapterParams(MethodParams):
+    """A method that adapts a set of Linear modules: their names (null = the backbone's `target_modules`)."""
+
+    target_modules: Optional[list[str]]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ok = self.target_modules is None or (isinstance(self.target_modules, (list, tuple)) and len(self.target_modules) > 0
+                                              and all(isinstance(t, str) and t for t in self.target_modules))
+        require("target_modules", self.target_modules, ok, "null (the backbone's) or a non-empty list of module names")
+        if self.target_modules is not None:
+            self.target_modules = list(self.target_modules)
 
 
 @dataclass
 class RunContext:
-    """What hooks may read: the run's config, tokenizer, benchmark, a lazy reference cache and the device."""
+    """What hooks may read, resolved once from the run's config (methods never read the raw config).
 
-    cfg: Any
+    `target_modules`: the backbone's adapted module names; `max_length`: the sequence cap of every
+    encoded example (`train.max_length`, else `backbone.max_length`); `chat_template`: whether prompts
+    go through the tokenizer's chat template; `backbone_key`: the identity of the weights (cache keys);
+    `dtype`: the backbone's dtype name; `cache_dir`: the reference-cache folder as evaluation resolves
+    it (disk caches of method statistics live next to it); `progress`: show progress bars.
+    """
+
     tokenizer: Any
     benchmark: Any
     run_dir: Path
     device: torch.device = torch.device("cpu")
     seed: int = 0
+    target_modules: list[str] = field(default_factory=list)
+    max_length: int = 512
+    chat_template: bool = False
+    backbone_key: str = ""
+    dtype: str = "float32"
+    cache_dir: Optional[Path] = None
+    progress: bool = True
     reference_fn: Optional[Callable[[], Any]] = None
     step: int = 0
     extras: dict = field(default_factory=dict)
@@ -66,14 +127,25 @@ def protected_view(reference: Any, benchmark: Any) -> Any:
 
 
 class Method:
-    """Base class: a method that trains whatever `prepare` leaves trainable, with no extra terms."""
+    """Base class: a method that trains whatever `prepare` leaves trainable, with no extra terms.
 
-    name: str = "method"
-    trains: bool = True
+    It owns what every method shares: its `params`, the cost bookkeeping (`timed`, `costs`), the
+    target modules of a run (`resolve_targets`), per-run statistics saved in the run folder
+    (`run_statistics`), and an `export` / `load_export` pair (trainable tensors + params by default).
+    """
 
-    def __init__(self, name: str, **hparams: Any) -> None:
-        self.name = name
-        self.hparams = hparams
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    trains: ClassVar[bool] = True
+    #: Whether `load_export` reproduces the trained model bit for bit (False where the export is a
+    #: converted update, equal up to float rounding).
+    exact_export: ClassVar[bool] = True
+
+    def __init__(self, params: MethodParams) -> None:
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{type(self).__name__} takes {self.Params.__name__}, not {type(params).__name__}")
+        self.params = params
+        self.name = params.name
+        self._costs: dict = {}
 
     # -- hooks -------------------------------------------------------------------------------
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
@@ -90,6 +162,36 @@ class Method:
 
     def after_step(self, model: torch.nn.Module, ctx: RunContext) -> None:
         """Called after every optimizer step (e.g. projections)."""
+
+    # -- shared prepare steps ----------------------------------------------------------------------
+    def resolve_targets(self, model: torch.nn.Module, ctx: RunContext) -> list[str]:
+        """The module names this run adapts (`method.target_modules`, else the backbone's), checked on `model`."""
+        from experiments.backbones import check_target_modules
+
+        targets = list(getattr(self.params, "target_modules", None) or ctx.target_modules)
+        check_target_modules(model, targets, key="method.target_modules")
+        return targets
+
+    @contextmanager
+    def timed(self, cost: str) -> Iterator[None]:
+        """Add the seconds the block takes to the cost `cost` (reported in the record's `cost`)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._costs[cost] = self._costs.get(cost, 0.0) + time.perf_counter() - t0
+
+    def run_statistics(self, ctx: RunContext, filename: str, build: Callable[[], tuple[dict, dict]],
+                       seconds_cost: str, reused_cost: str) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
+        """Per-site tensors of this run: loaded from `<run_dir>/<filename>` when an earlier attempt saved
+        them (a resumed run reuses them bit for bit), else built by `build` and saved. The seconds go to
+        the cost `seconds_cost`, whether they were reused to `reused_cost`."""
+        from experiments.activations import load_or_build_site_tensors
+
+        with self.timed(seconds_cost):
+            tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / filename, build)
+        self._costs[reused_cost] = loaded
+        return tensors, sites
 
     # -- state ---------------------------------------------------------------------------------
     def trainable_parameters(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -110,17 +212,42 @@ class Method:
             for n, t in state.items():
                 params[n].copy_(t)
 
+    def write_params(self, out_dir: Path) -> None:
+        """`<out_dir>/method.json`: the method's class and hyperparameters, what `load_export` rebuilds it from."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        target = f"{type(self).__module__}.{type(self).__qualname__}"
+        (out_dir / PARAMS_FILE).write_text(json.dumps({"_target_": target, **self.describe()}, indent=2) + "\n")
+
+    @classmethod
+    def read_params(cls, export_dir: Path) -> MethodParams:
+        """The hyperparameters `write_params` stored in `export_dir`."""
+        stored = json.loads((Path(export_dir) / PARAMS_FILE).read_text())
+        stored.pop("_target_", None)
+        return cls.Params(**stored)
+
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
-        """Save what this method adds to the backbone into `out_dir`; return the stored bytes."""
+        """Save the trainable tensors and the params into `out_dir`; return the stored tensor bytes."""
         from safetensors.torch import save_file
 
-        out_dir.mkdir(parents=True, exist_ok=True)
+        self.write_params(out_dir)
         state = {n: t.contiguous() for n, t in self.state_dict(model).items()}
         if not state:
             return 0
-        path = out_dir / "method_state.safetensors"
+        path = Path(out_dir) / STATE_FILE
         save_file(state, str(path))
         return os.path.getsize(path)
+
+    @classmethod
+    def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
+        """A freshly loaded base `model` turned into the exported method's trained model (mirrors `export`)."""
+        from safetensors.torch import load_file
+
+        method = cls(cls.read_params(export_dir))
+        path = Path(export_dir) / STATE_FILE
+        if path.is_file():
+            method.load_state_dict(model, load_file(str(path)))
+        return model
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:
         """Post-hoc interpolation toward the base: the method's update is multiplied by `alpha`."""
@@ -128,11 +255,11 @@ class Method:
 
     def costs(self) -> dict:
         """Method-specific costs for the record (e.g. atlas bytes, build seconds); merged into `cost`."""
-        return {}
+        return dict(self._costs)
 
     def describe(self) -> dict:
         """Name and hyperparameters, for the result record."""
-        return {"name": self.name, **self.hparams}
+        return dataclasses.asdict(self.params)
 
 
 class BaseMethod(Method):
@@ -149,32 +276,44 @@ class BaseMethod(Method):
         """The base has no update: every scale gives the base."""
 
 
-def build_method(method_cfg: Any) -> Method:
-    """Instantiate the method a `conf/method/*.yaml` names through its `_target_`.
-
-    Unknown hyperparameters and values the method rejects raise `MethodConfigError` naming the key.
-    """
-    import inspect
-
+def method_class(target: str) -> type[Method]:
+    """The Method subclass a `_target_` names (MethodConfigError when it cannot be imported or is not one)."""
     from hydra.utils import get_class
-    from omegaconf import DictConfig, OmegaConf
 
-    cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
-    target = cfg.pop("_target_")
     try:
         cls = get_class(target)
     except Exception as exc:
         raise MethodConfigError(f"method._target_={target!r} cannot be imported: {exc}") from None
-    params = inspect.signature(cls.__init__).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        allowed = sorted(k for k in params if k != "self")
-        unknown = sorted(set(cfg) - set(allowed))
-        if unknown:
-            raise MethodConfigError(f"method.{unknown[0]}={cfg[unknown[0]]!r} is not a parameter of {target}; allowed: {allowed}")
-    return cls(**cfg)
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise MethodConfigError(f"method._target_={target!r} is not a Method subclass")
+    return cls
 
 
-def require(key: str, value: Any, ok: bool, allowed: str) -> None:
-    """Raise `MethodConfigError` naming `method.<key>` unless `ok`."""
-    if not ok:
-        raise MethodConfigError(f"method.{key}={value!r} is not allowed: {allowed}")
+def build_params(cls: type[Method], values: dict) -> MethodParams:
+    """`cls.Params` from a mapping of hyperparameters: unknown or missing keys and rejected values raise
+    `MethodConfigError` naming the key and what is allowed."""
+    allowed = [f.name for f in dataclasses.fields(cls.Params)]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise MethodConfigError(f"method.{unknown[0]}={values[unknown[0]]!r} is not a parameter of "
+                                f"{cls.__module__}.{cls.__qualname__}; allowed: {sorted(allowed)}")
+    missing = [k for k in allowed if k not in values]
+    if missing:
+        raise MethodConfigError(f"method.{missing[0]}: no value; {cls.__qualname__} needs {allowed} "
+                                "(values live in conf/method/<name>.yaml)")
+    return cls.Params(**values)
+
+
+def build_method(method_cfg: Any) -> Method:
+    """Instantiate the method a `conf/method/*.yaml` names through its `_target_` (display keys ignored)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
+    cfg.pop(DISPLAY_KEY, None)
+    cls = method_class(cfg.pop("_target_"))
+    return cls(build_params(cls, cfg))
+
+
+#: The key of a method config that holds how analysis shows it (label, group, order, colour, marker):
+#: presentation only, never part of the run id or of the method's hyperparameters.
+DISPLAY_KEY = "display"

@@ -20,13 +20,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-RECORD_NAME = "record.json"
-#: Every code completion of an evaluation with its sandbox verdict, next to the record it belongs to.
-CODE_SAMPLES_NAME = "code_samples.json"
-SCHEMA_VERSION = 1
-STATUS_COMPLETE = "complete"
-STATUS_FAILED = "failed"
-STATUS_INTERRUPTED = "interrupted"
+from analysis.schema import (  # noqa: F401  (the record layout has one definition, shared with analysis)
+    CODE_SAMPLES_NAME,
+    RECORD_NAME,
+    SCALES_DIR,
+    SCHEMA_VERSION,
+    STATUS_COMPLETE,
+    STATUS_FAILED,
+    STATUS_INTERRUPTED,
+    STATUS_RUNNING,
+)
 
 # Dotted keys that do not change what a run computes.
 PRESENTATION_KEYS = (
@@ -43,8 +46,8 @@ PRESENTATION_KEYS = (
     "eval.cache_dir",
     "eval.sandbox_workers",
     "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
+    "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
 )
-SCALES_DIR = "scales"
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 

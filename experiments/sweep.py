@@ -57,16 +57,11 @@ def log(message: str) -> None:
     print(f"[sweep] {message}", flush=True)
 
 
-def _run_id_resolver(*, _root_: DictConfig) -> str:
-    # The same resolver run.py registers; a SLURM job does not execute run.py's module code.
-    from experiments.job import run_id_for
-
-    return run_id_for(OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"]))
-
-
 def ensure_run_id_resolver() -> None:
-    if not OmegaConf.has_resolver("run_id"):
-        OmegaConf.register_new_resolver("run_id", _run_id_resolver, use_cache=False)
+    """The `${run_id:}` resolver (`experiments.job.register_run_id_resolver`); SLURM jobs do not run run.py."""
+    from experiments.job import register_run_id_resolver
+
+    register_run_id_resolver()
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -103,8 +98,8 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
 
     Raises ConfigError naming each job whose config is invalid (nothing has been launched then).
     """
-    from experiments.config import ConfigError
-    from experiments.job import USER_ERRORS, required_scales, typed_config
+    from experiments.config import ConfigError, validate_config
+    from experiments.job import USER_ERRORS, required_scales
 
     ensure_run_id_resolver()
     plan, errors = [], []
@@ -116,7 +111,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
             cfg.hydra.job.num = index
         science = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         try:
-            typed = typed_config(science)
+            typed = validate_config(science)
         except USER_ERRORS as exc:
             errors.append((offset, index, exc))
             continue

@@ -7,6 +7,7 @@ same config resumes from the newest checkpoint and ends where an uninterrupted r
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -20,8 +21,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.prompts import collate
+
+log = logging.getLogger("suite.train")
 
 CHECKPOINT_DIR = "checkpoints"
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
@@ -172,34 +176,26 @@ def train(
     method: Method,
     examples: list[dict],
     ctx: RunContext,
+    cfg: TrainConfig,
     *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    grad_accum: int,
-    pad_id: int,
-    weight_decay: float = 0.0,
-    warmup_steps: int = 0,
-    scheduler: str = "constant",
-    max_grad_norm: float = 1.0,
-    checkpoint_every: int = 50,
-    keep_checkpoints: int = 2,
-    log_every: int = 10,
-    progress: bool = True,
     log_fn: Optional[Callable[[dict, int], None]] = None,
     autocast_dtype: Optional[torch.dtype] = None,
 ) -> TrainResult:
-    """Train `model` for `steps` optimizer steps of `batch_size` x `grad_accum` encoded examples.
+    """Train `model` for `cfg.steps` optimizer steps of `cfg.batch_size` x `cfg.grad_accum` encoded examples.
 
     Loss: mean token cross-entropy on response tokens (labels != -100) per micro-batch, divided
     by `grad_accum`, plus the method's `extra_loss`. Resumes from the newest checkpoint in
     `ctx.run_dir` when one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
+    if cfg.batch_size is None or cfg.grad_accum is None:
+        raise ValueError("train(): cfg.batch_size and cfg.grad_accum must be set (experiments.config.resolved_train)")
+    steps, batch_size, grad_accum, pad_id = cfg.steps, cfg.batch_size, cfg.grad_accum, ctx.tokenizer.pad_token_id
     params = method.trainable_parameters(model)
     if steps > 0 and not params:
         raise ValueError(f"method {method.name!r} left no trainable parameters")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    sched = make_scheduler(optimizer, scheduler, warmup_steps, steps)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = make_scheduler(optimizer, cfg.scheduler, cfg.warmup_steps, steps)
     stream = DataStream(len(examples), ctx.seed)
     result = TrainResult(steps=steps)
     start = 0
@@ -217,7 +213,7 @@ def train(
         result.tokens_seen = state["tokens_seen"]
         result.train_seconds = state["train_seconds"]
         result.resumed_from = start
-        print(f"[train] resumed from checkpoint {existing[-1].name} at step {start}", flush=True)
+        log.info("resumed from checkpoint %s at step %d", existing[-1].name, start)
 
     def snapshot(step: int) -> dict:
         return {
@@ -233,7 +229,7 @@ def train(
         }
 
     model.train()
-    bar = tqdm(total=steps, initial=start, desc=f"train {method.name}", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=start, desc=f"train {method.name}", disable=not cfg.progress, dynamic_ncols=True)
     with SignalFlag() as flag:
         for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
@@ -252,8 +248,8 @@ def train(
                 (loss / grad_accum).backward()
                 step_loss += loss.item() / grad_accum
                 result.tokens_seen += int(batch["attention_mask"].sum())
-            if max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             sched.step()
             method.after_step(model, ctx)
@@ -261,16 +257,16 @@ def train(
             result.train_seconds += time.perf_counter() - t0
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.4f}")
-            if log_fn and (step % log_every == 0 or step == steps):
+            if log_fn and (step % cfg.log_every == 0 or step == steps):
                 log_fn({"train/loss": step_loss, "train/lr": sched.get_last_lr()[0], "train/tokens": result.tokens_seen}, step)
             if flag.signum is not None:
-                path = save_checkpoint(ctx.run_dir, step, snapshot(step), keep_checkpoints)
+                path = save_checkpoint(ctx.run_dir, step, snapshot(step), cfg.keep_checkpoints)
                 bar.close()
-                print(f"[train] {signal.Signals(flag.signum).name}: checkpoint saved at step {step}", flush=True)
+                log.info("%s: checkpoint saved at step %d", signal.Signals(flag.signum).name, step)
                 flag.forward()
                 raise Preempted(flag.signum, step, path)
-            if step % checkpoint_every == 0 or step == steps:
-                save_checkpoint(ctx.run_dir, step, snapshot(step), keep_checkpoints)
+            if step % cfg.checkpoint_every == 0 or step == steps:
+                save_checkpoint(ctx.run_dir, step, snapshot(step), cfg.keep_checkpoints)
     bar.close()
     model.eval()
     return result

@@ -121,6 +121,26 @@ def tiny_backbone_dir(tmp_path_factory) -> Path:
     return root
 
 
+def backbone_config(path, **overrides):
+    """A typed backbone config: conf/backbone/micro.yaml's values with `path` and `overrides`."""
+    from omegaconf import OmegaConf
+
+    from experiments.config import BackboneConfig
+
+    raw = OmegaConf.load(REPO / "conf" / "backbone" / "micro.yaml")
+    raw.pop("defaults", None)
+    return OmegaConf.merge(OmegaConf.structured(BackboneConfig), raw, {"path": str(path), **overrides})
+
+
+def train_config(**overrides):
+    """A `TrainConfig` with conf/train/default.yaml's values and `overrides`."""
+    import yaml
+
+    from experiments.config import TrainConfig
+
+    return TrainConfig(**{**yaml.safe_load((REPO / "conf" / "train" / "default.yaml").read_text()), **overrides})
+
+
 def tiny_overrides(backbone: Path, bench: Path, run_root: Path, cache_dir: Path, **extra: str) -> list[str]:
     """Hydra overrides that point a run at the tiny backbone and benchmark, with a tiny budget."""
     ov = {

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, List, Optional
+
+from omegaconf import MISSING
 
 DEFAULT_CACHE_SUBDIR = Path(".cache") / "atlas-suite" / "reference"
 CACHE_ENV = "ATLAS_CACHE_DIR"
@@ -20,66 +22,68 @@ LOGPROB_DTYPES = ("float16", "float32")
 
 @dataclass
 class EvalConfig:
-    """Evaluation settings; see docs/evaluation.md for what each metric means."""
+    """Evaluation settings; values live in conf/eval/*.yaml (micro.yaml holds every key), meanings in
+    docs/evaluation.md. Built from a composed config (`as_eval_config`) and validated once, in
+    `experiments.config.validate_config`."""
 
     # Batch sizes (prompts per `generate` call, sequences per teacher-forced forward).
-    generation_batch_size: int = 16
-    scoring_batch_size: int = 16
+    generation_batch_size: int = MISSING
+    scoring_batch_size: int = MISSING
 
     # Longest response generated, per kind of prompt.
-    max_new_tokens_math: int = 128
-    max_new_tokens_choice: int = 16
-    max_new_tokens_code: int = 256
+    max_new_tokens_math: int = MISSING
+    max_new_tokens_choice: int = MISSING
+    max_new_tokens_code: int = MISSING
 
     # Reference decoding: the base responses that retained KL is teacher-forced on.
     # Sampled at `reference_temperature` (1.0 = the base's own distribution) with `reference_seed`;
     # `reference_sampling: false` uses greedy responses instead.
-    reference_sampling: bool = True
-    reference_temperature: float = 1.0
-    reference_seed: int = 0
+    reference_sampling: bool = MISSING
+    reference_temperature: float = MISSING
+    reference_seed: int = MISSING
 
     # Base log-probabilities in the cache: the full vocabulary when
     # vocab x response tokens x bytes(logprob_dtype) fits in `logprob_budget_mb`, else the base's
     # `top_k` log-probs + indices + one tail bucket.
-    logprob_budget_mb: float = 1024.0
-    logprob_dtype: str = "float16"
-    top_k: int = 64
+    logprob_budget_mb: float = MISSING
+    logprob_dtype: str = MISSING
+    top_k: int = MISSING
 
     # Target (code) evaluation: pass@1 from the greedy completion; pass@k for k > 1 from
     # `n_samples` completions sampled at `sample_temperature` / `sample_top_p` with `sample_seed`.
-    pass_k: List[int] = field(default_factory=lambda: [1])
-    n_samples: int = 1
-    sample_temperature: float = 0.8
-    sample_top_p: float = 0.95
-    sample_seed: int = 0
-    max_target_problems: Optional[int] = None
+    pass_k: List[int] = MISSING
+    n_samples: int = MISSING
+    sample_temperature: float = MISSING
+    sample_top_p: float = MISSING
+    sample_seed: int = MISSING
+    max_target_problems: Optional[int] = MISSING
 
     # Post-hoc interpolation toward the base (WiSE-FT): a trained run is also evaluated at these
     # scales alpha of its update, W0 + alpha * Delta, one record each (1.0 is the run's own record).
     # Not part of the run id: adding scales to a finished run evaluates only the missing ones.
-    scales: List[float] = field(default_factory=lambda: [1.0])
+    scales: List[float] = MISSING
 
     # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
-    sandbox_timeout_s: float = 10.0  # wall-clock limit per program
-    sandbox_cpu_seconds: int = 10
-    sandbox_memory_mb: int = 1024
-    sandbox_file_size_mb: int = 16
-    sandbox_max_output_bytes: int = 65536
-    sandbox_max_processes: int = 64
-    sandbox_network: bool = False
-    sandbox_workers: int = 2
+    sandbox_timeout_s: float = MISSING  # wall-clock limit per program
+    sandbox_cpu_seconds: int = MISSING
+    sandbox_memory_mb: int = MISSING
+    sandbox_file_size_mb: int = MISSING
+    sandbox_max_output_bytes: int = MISSING
+    sandbox_max_processes: int = MISSING
+    sandbox_network: bool = MISSING
+    sandbox_workers: int = MISSING
 
     # Optional lm-evaluation-harness deltas. Task names `atlas_<domain>` are local tasks over the
     # benchmark's own retained evaluation items; any other name is an lm-eval (hub) task.
-    lm_eval_tasks: List[str] = field(default_factory=list)
-    lm_eval_limit: Optional[int] = None
-    lm_eval_batch_size: int = 8
-    lm_eval_include_path: Optional[str] = None
+    lm_eval_tasks: List[str] = MISSING
+    lm_eval_limit: Optional[int] = MISSING
+    lm_eval_batch_size: int = MISSING
+    lm_eval_include_path: Optional[str] = MISSING
 
     # Reference cache folder; null = $ATLAS_CACHE_DIR, else ~/.cache/atlas-suite/reference.
-    cache_dir: Optional[str] = None
+    cache_dir: Optional[str] = MISSING
     # First N items of each retained split (calibration and evaluation); null = all.
-    max_items_per_domain: Optional[int] = None
+    max_items_per_domain: Optional[int] = MISSING
 
     def validate(self) -> "EvalConfig":
         """Raise `ValueError` on the first invalid value; return self when all are valid."""
@@ -193,6 +197,14 @@ def as_eval_config(cfg: Any) -> EvalConfig:
     if unknown:
         raise ValueError(f"eval config: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
     return EvalConfig(**dict(cfg))
+
+
+def require_eval_config(cfg: Any) -> EvalConfig:
+    """`cfg` when it is an `EvalConfig`; evaluation takes a config validated once, where it was made
+    (`experiments.config.validate_config`, or `EvalConfig(...).validate()`)."""
+    if not isinstance(cfg, EvalConfig):
+        raise TypeError(f"evaluation takes an EvalConfig (as_eval_config(...).validate()), not {type(cfg).__name__}")
+    return cfg
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:

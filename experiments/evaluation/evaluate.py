@@ -26,10 +26,10 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from experiments import prompts as P
-from experiments.evaluation.config import EvalConfig, as_eval_config
+from experiments.evaluation.config import EvalConfig, require_eval_config
 from experiments.evaluation.generation import generate, pad_token_id
 from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, get_reference
 from experiments.evaluation.retained_kl import retained_kl
@@ -53,7 +53,7 @@ def evaluate_run(
     and `code_samples` every code completion with its sandbox verdict (task id, greedy or sample,
     completion, status, reason), which `experiments.job` stores next to the record.
     """
-    cfg = as_eval_config(cfg).validate()
+    require_eval_config(cfg)
     t_start = time.perf_counter()
     timing: dict[str, Any] = {"generation_s": 0.0, "generated_tokens": 0}
 

@@ -235,9 +235,9 @@ def get_reference(
     disabled), or a zero-argument callable returning it. The key needs the base's weights
     fingerprint, so the callable is always called; on a hit no forward pass runs.
     """
-    from experiments.evaluation.config import as_eval_config
+    from experiments.evaluation.config import require_eval_config
 
-    cfg = as_eval_config(cfg).validate()
+    require_eval_config(cfg)
     base = _resolve(base_model)
     key, components = reference_key(base, tokenizer, benchmark, cfg, backbone_key, chat_template)
     path = cache_path(cfg, backbone_key, key)

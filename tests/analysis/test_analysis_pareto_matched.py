@@ -3,7 +3,6 @@ synthetic records with answers worked out by hand."""
 
 import math
 
-import pandas as pd
 import pytest
 from analysis_synth import record, sweep
 

@@ -1,6 +1,5 @@
 """Table rendering (Markdown, LaTeX booktabs, best in bold) and the paper tables on synthetic analyses."""
 
-import pytest
 from analysis_synth import record, sweep
 
 from analysis import schema

@@ -7,7 +7,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import pytest
 
 from analysis.report import check_report
 from tests.conftest import REPO

@@ -6,25 +6,23 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from atlas.atlas import SiteAtlas, build_site_atlas, load_atlas, save_atlas
+from atlas.atlas import build_site_atlas
 from atlas.kmeans import kmeans
 from atlas.layer import AtlasLinear, AtlasSite
 from atlas.method import ATLAS
 from experiments.backbones import load_backbone
-from experiments.config import BackboneConfig
 from experiments.methods import RunContext
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.train import seed_everything
-from tests.conftest import tiny_code, tiny_math
+from tests.conftest import backbone_config, tiny_code, tiny_math
+from experiments.registry import build
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def tiny_model(backbone_dir):
-    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
-                         {"name": "tiny", "path": str(backbone_dir), "target_modules": TARGETS})
+    bb = backbone_config(backbone_dir, name="tiny", target_modules=TARGETS)
     model, tok = load_backbone(bb)
     return model, tok, bb
 
@@ -38,15 +36,15 @@ def fake_reference(tok, n=12):
 
 
 def context(backbone_dir, run_dir, tok, bb, seed=0):
-    cfg = OmegaConf.create({"backbone": OmegaConf.to_container(bb), "train": {"progress": False}})
-    return RunContext(cfg=cfg, tokenizer=tok, benchmark=SimpleNamespace(target_train=[]), run_dir=Path(run_dir),
-                      seed=seed, reference_fn=lambda: fake_reference(tok))
+    return RunContext(tokenizer=tok, benchmark=SimpleNamespace(target_train=[]), run_dir=Path(run_dir), seed=seed,
+                      target_modules=list(bb.target_modules), max_length=bb.max_length, progress=False,
+                      reference_fn=lambda: fake_reference(tok))
 
 
 def prepared(backbone_dir, run_dir, seed=0, **hp):
     seed_everything(seed)
     model, tok, bb = tiny_model(backbone_dir)
-    method = ATLAS(num_centers=4, max_tokens=400, filter_rank=4, **hp)
+    method = build("atlas", num_centers=4, max_tokens=400, filter_rank=4, **hp)
     model = method.prepare(model, context(backbone_dir, run_dir, tok, bb, seed))
     return model, method, tok
 
@@ -212,10 +210,9 @@ def test_scale_zero_is_the_base(tiny_backbone_dir, tmp_path):
 
 def test_bf16_backbone_trains_float32_factors(tiny_backbone_dir, tmp_path):
     seed_everything(0)
-    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
-                         {"name": "tiny", "path": str(tiny_backbone_dir), "target_modules": TARGETS, "dtype": "bfloat16"})
+    bb = backbone_config(tiny_backbone_dir, name="tiny", target_modules=TARGETS, dtype="bfloat16")
     model, tok = load_backbone(bb)
-    method = ATLAS(num_centers=4, max_tokens=400, filter_rank=4)
+    method = build("atlas", num_centers=4, max_tokens=400, filter_rank=4)
     model = method.prepare(model, context(tiny_backbone_dir, tmp_path, tok, bb))
     layers = [m for m in model.modules() if isinstance(m, AtlasLinear)]
     assert all(m.lora_A.dtype == torch.float32 and m.base.weight.dtype == torch.bfloat16 for m in layers)

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from atlas.footprint import footprint, main, module_shapes
 from tests.atlas.test_atlas import TARGETS, prepared, tiny_model

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
-
-from baselines.common import calibration_pairs, lora_layers, pair_example
+from baselines.common import lora_layers
 from experiments.backbones import load_model
-from experiments.methods import RunContext, build_method
+from experiments.calibration import pair_example, reference_pairs
+from experiments.job import run_context as job_context
+from experiments.methods import RunContext
 from experiments.prompts import collate
+from experiments.registry import build
 from experiments.train import seed_everything
-from tests.conftest import REPO
 
 
 def fresh_base(tiny, seed: int = 0) -> torch.nn.Module:
@@ -22,14 +22,21 @@ def fresh_base(tiny, seed: int = 0) -> torch.nn.Module:
 
 
 def run_context(tiny, run_dir: Path, seed: int = 0) -> RunContext:
-    return RunContext(cfg=tiny.cfg, tokenizer=tiny.tokenizer, benchmark=tiny.benchmark, run_dir=Path(run_dir),
-                      seed=seed, reference_fn=lambda: tiny.reference)
+    cfg = tiny.cfg if seed == tiny.cfg.seed else with_seed(tiny.cfg, seed)
+    return job_context(cfg, tiny.tokenizer, tiny.benchmark, Path(run_dir), reference_fn=lambda: tiny.reference)
+
+
+def with_seed(cfg, seed: int):
+    from omegaconf import OmegaConf
+
+    from experiments.config import validate_config
+
+    return validate_config(OmegaConf.merge(cfg, {"seed": seed}))
 
 
 def method_from_conf(name: str, **overrides):
     """The method `conf/method/<name>.yaml` configures, with hyperparameter overrides."""
-    cfg = OmegaConf.merge(OmegaConf.load(REPO / "conf" / "method" / f"{name}.yaml"), overrides)
-    return build_method(cfg)
+    return build(name, **overrides)
 
 
 def prepared(tiny, name: str, run_dir: Path, seed: int = 0, **overrides):
@@ -46,7 +53,7 @@ def target_batch(tiny, n: int = 8) -> dict:
 
 
 def retained_batch(tiny, n: int = 12) -> dict:
-    pairs = calibration_pairs(tiny.reference)[:n]
+    pairs = reference_pairs(tiny.reference)[:n]
     return collate([pair_example(p) for p in pairs], tiny.tokenizer.pad_token_id)
 
 

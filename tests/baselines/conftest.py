@@ -37,7 +37,7 @@ def compose_tiny(backbone: Path, bench: Path, run_root: Path, cache_dir: Path, *
 def tiny(tiny_backbone_dir, tiny_benchmark_dir, tmp_path_factory) -> Tiny:
     from experiments.backbones import backbone_key, load_backbone
     from experiments.data.benchmark import build_benchmark
-    from experiments.evaluation.config import as_eval_config
+    from experiments.config import eval_config
     from experiments.evaluation.reference_cache import get_reference
     from experiments.job import encode_target
 
@@ -45,7 +45,7 @@ def tiny(tiny_backbone_dir, tiny_benchmark_dir, tmp_path_factory) -> Tiny:
     cfg = compose_tiny(tiny_backbone_dir, tiny_benchmark_dir, root / "runs", root / "cache" / "reference")
     benchmark = build_benchmark(cfg.benchmark)
     base, tok = load_backbone(cfg.backbone)
-    reference = get_reference(base, tok, benchmark, as_eval_config(cfg.eval), backbone_key(cfg.backbone),
+    reference = get_reference(base, tok, benchmark, eval_config(cfg), backbone_key(cfg.backbone),
                               cfg.backbone.chat_template)
     examples = encode_target(benchmark, tok, cfg.backbone.chat_template, cfg.backbone.max_length)
     return Tiny(cfg, tok, benchmark, reference, examples, root / "cache")

@@ -8,12 +8,11 @@ import json
 import pytest
 import torch
 
-from atlas.method import ATLAS
-from baselines.common import load_peft_export
-from baselines.fullft import load_fullft_export
+from experiments import registry
 from experiments.backbones import model_summary
 from experiments.records import RECORD_NAME
 from experiments.train import train
+from tests.conftest import train_config
 from tests.baselines.baseline_helpers import (
     fresh_base,
     logits_of,
@@ -23,23 +22,13 @@ from tests.baselines.baseline_helpers import (
 )
 from tests.conftest import run_cli, tiny_overrides
 
-METHODS = ["lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "atlas",
-           "milora", "pissa", "dora", "loranull", "fullft"]
-# CorDA, MiLoRA, PiSSA and LoRA-Null rewrite W0 in training (W_res + s B A) and export the converted update for the
-# true W0 (W0 + D): the same function, different float32 rounding. Every other export holds exactly the trained
-# tensors on the unmodified base (DoRA: A, B and the magnitudes; fullft: the adapted weights themselves).
-CONVERTED = {"corda", "milora", "pissa", "loranull"}
-EXACT_RELOAD = {m: m not in CONVERTED for m in METHODS}
+# Every trained method of the registry (conf/method/*.yaml) but the ATLAS ablations (tests/atlas covers those).
+METHODS = registry.trained_methods("reference", "baseline", "extended")
 
 
 def reload(name: str, tiny, export_dir):
-    base = fresh_base(tiny)
-    if name == "atlas":
-        ATLAS.from_export(base, export_dir)
-        return base
-    if name == "fullft":
-        return load_fullft_export(base, export_dir)
-    return load_peft_export(base, export_dir)
+    """The export on a freshly loaded base, through the method's own `load_export`."""
+    return type(registry.build(name)).load_export(fresh_base(tiny), export_dir)
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -51,8 +40,8 @@ def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tm
     probe = target_batch(tiny)
     base_logits = logits_of(fresh_base(tiny), probe)
     before = sft_loss(model, probe)
-    result = train(model, method, tiny.examples, ctx, steps=20, lr=5e-2, batch_size=4, grad_accum=2,
-                   pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+    result = train(model, method, tiny.examples, ctx, train_config(steps=20, lr=5e-2, batch_size=4, grad_accum=2,
+                   checkpoint_every=100, progress=False))
     after = sft_loss(model, probe)
     print(f"{name}: trainable {trainable}, SFT loss {before:.3f} -> {after:.3f}, step losses "
           f"{result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
@@ -64,7 +53,10 @@ def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tm
                                         if p.suffix == ".safetensors")
     trained = logits_of(model, probe)
     again = logits_of(reload(name, tiny, tmp_path / "export"), probe)
-    if EXACT_RELOAD[name]:
+    # CorDA, MiLoRA, PiSSA and LoRA-Null rewrite W0 in training (W_res + s B A) and export the converted update for
+    # the true W0 (W0 + D): the same function, different float32 rounding (`exact_export = False`). Every other
+    # export holds exactly the trained tensors on the unmodified base.
+    if type(method).exact_export:
         assert torch.equal(again, trained)
     else:
         torch.testing.assert_close(again, trained, rtol=1e-4, atol=1e-4)

@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 
 from experiments.train import train
+from tests.conftest import train_config
 from tests.baselines.baseline_helpers import prepared
 
 
 def run(tiny, name, run_dir, steps):
     model, method, ctx = prepared(tiny, name, run_dir, seed=3)
-    return train(model, method, tiny.examples, ctx, steps=steps, lr=2e-2, batch_size=4, grad_accum=2,
-                 pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=3, progress=False)
+    return train(model, method, tiny.examples, ctx, train_config(steps=steps, lr=2e-2, batch_size=4, grad_accum=2,
+                 checkpoint_every=3, progress=False))
 
 
 @pytest.mark.parametrize("name", ["replay", "lwf", "olora", "inflora", "corda", "ewc",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.common import calibration_pairs, lora_layers
+from baselines.common import lora_layers
+from experiments.calibration import reference_pairs
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, randomize_lora_b, retained_batch
 
 
@@ -82,7 +83,7 @@ def test_covariance_runs_one_sequence_per_forward(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(peft_corda, "calib_cov_distribution", spy)
     prepared(tiny, "corda", tmp_path, include_responses=True)
-    pairs = calibration_pairs(tiny.reference, 96)
+    pairs = reference_pairs(tiny.reference, 96)
     assert len(shapes) == len(pairs) == 12
     assert [s for s in shapes] == [(1, len(p.prompt_ids) + len(p.response_ids)) for p in pairs]
 

@@ -10,6 +10,7 @@ from baselines.common import lora_layers
 from baselines.dora import dora_effective_weight
 from baselines.lora import LoRA
 from experiments.train import train
+from tests.conftest import train_config
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -69,8 +70,8 @@ def test_forward_is_the_dora_equation(tiny, tmp_path):
 def test_training_moves_the_magnitudes(tiny, tmp_path):
     model, method, ctx = prepared(tiny, "dora", tmp_path)
     start = {n: l.lora_magnitude_vector["default"].weight.detach().clone() for n, l in lora_layers(model).items()}
-    train(model, method, tiny.examples, ctx, steps=5, lr=5e-2, batch_size=4, grad_accum=1,
-          pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+    train(model, method, tiny.examples, ctx, train_config(steps=5, lr=5e-2, batch_size=4, grad_accum=1,
+          checkpoint_every=100, progress=False))
     moved = [n for n, l in lora_layers(model).items()
              if not torch.allclose(l.lora_magnitude_vector["default"].weight, start[n], atol=1e-4)]
     assert len(moved) == 14

@@ -11,7 +11,9 @@ from baselines.fullft import WEIGHTS_FILE, FullFT, load_fullft_export
 from experiments.activations import target_linears
 from experiments.methods import MethodConfigError
 from experiments.train import train
+from tests.conftest import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, target_batch
+from experiments.registry import build
 
 
 def adapted_weight_names(tiny):
@@ -20,8 +22,8 @@ def adapted_weight_names(tiny):
 
 def trained_fullft(tiny, tmp_path, steps=4):
     model, method, ctx = prepared(tiny, "fullft", tmp_path / "run")
-    train(model, method, tiny.examples, ctx, steps=steps, lr=1e-2, batch_size=4, grad_accum=1,
-          pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+    train(model, method, tiny.examples, ctx, train_config(steps=steps, lr=1e-2, batch_size=4, grad_accum=1,
+          checkpoint_every=100, progress=False))
     return model, method
 
 
@@ -78,7 +80,7 @@ def test_export_holds_the_adapted_weights_and_reloads_onto_a_fresh_base(tiny, tm
     probe = target_batch(tiny)
     reloaded = load_fullft_export(fresh_base(tiny), tmp_path / "export")
     assert torch.equal(logits_of(reloaded, probe), logits_of(model, probe))
-    assert FullFT.from_export(fresh_base(tiny), tmp_path / "export") is not None
+    assert FullFT.load_export(fresh_base(tiny), tmp_path / "export") is not None
     with pytest.raises(FileNotFoundError):
         load_fullft_export(fresh_base(tiny), tmp_path)
 
@@ -86,4 +88,4 @@ def test_export_holds_the_adapted_weights_and_reloads_onto_a_fresh_base(tiny, tm
 def test_bad_target_modules_are_rejected():
     for bad in ([], "q_proj", [1]):
         with pytest.raises(MethodConfigError, match="method.target_modules"):
-            FullFT(target_modules=bad)
+            build("fullft", target_modules=bad)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.common import calibration_pairs, lora_delta, lora_layers, pair_example, target_examples
-from baselines.inflora import InfLoRA, complement_down_projection
+from baselines.common import lora_delta, lora_layers
+from experiments.calibration import pair_example, reference_pairs, target_examples
+from baselines.inflora import complement_down_projection
 from experiments.activations import collect_inputs, discover_sites
 from experiments.methods import MethodConfigError
 from experiments.train import train
+from tests.conftest import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
+from experiments.registry import build
 
 
 def orthogonal_columns(n, scales, seed=0):
@@ -42,7 +45,7 @@ def test_down_projection_on_hand_built_inputs():
 
 def test_epsilon_outside_its_range_is_rejected():
     with pytest.raises(MethodConfigError, match="method.epsilon"):
-        InfLoRA(epsilon=1.0)
+        build("inflora", epsilon=1.0)
 
 
 def inputs_per_site(tiny, model, sequences):
@@ -67,8 +70,8 @@ def test_init_is_the_base_and_only_b_trains(tiny, tmp_path):
 def test_update_keeps_retained_inputs_unchanged_after_training(tiny, tmp_path):
     base = fresh_base(tiny)
     # The sequences InfLoRA builds its subspaces from (same cut at the run's max length, 96).
-    retained_seqs = [pair_example(p) for p in calibration_pairs(tiny.reference, 96)]
-    target_seqs = target_examples(run_context(tiny, tmp_path), 96, None, 0)
+    retained_seqs = [pair_example(p) for p in reference_pairs(tiny.reference, 96)]
+    target_seqs = target_examples(run_context(tiny, tmp_path))
     sites, x_ret = inputs_per_site(tiny, base, retained_seqs)
     _, x_tgt = inputs_per_site(tiny, base, target_seqs)
 
@@ -76,8 +79,8 @@ def test_update_keeps_retained_inputs_unchanged_after_training(tiny, tmp_path):
     stats = {}
     for name, hp in (("inflora", {"epsilon": epsilon}), ("lora", {})):
         model, method, ctx = prepared(tiny, name, tmp_path / name, **hp)
-        train(model, method, tiny.examples, ctx, steps=20, lr=5e-2, batch_size=4, grad_accum=2,
-              pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+        train(model, method, tiny.examples, ctx, train_config(steps=20, lr=5e-2, batch_size=4, grad_accum=2,
+              checkpoint_every=100, progress=False))
         layers = lora_layers(model)
         on_ret = on_tgt = 0.0
         worst_bound = 0.0

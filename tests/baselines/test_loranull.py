@@ -10,11 +10,15 @@ import json
 import pytest
 import torch
 
-from baselines.common import calibration_pairs, load_peft_export, lora_delta, lora_layers, pair_example, target_examples
-from baselines.loranull import LoRANull, null_factors, null_space_basis
+from baselines.common import lora_delta, lora_layers
+from baselines.lora import LoRA
+from experiments.calibration import pair_example, reference_pairs, target_examples
+from baselines.loranull import null_factors, null_space_basis
 from experiments.activations import collect_inputs, discover_sites, second_moment_basis
 from experiments.methods import MethodConfigError
 from experiments.train import train
+from tests.conftest import train_config
+from experiments.registry import build
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -62,7 +66,7 @@ def retained_site_inputs(tiny):
     """Per site, the retained inputs LoRA-Null's statistics are built from (calibration pairs cut at 96)."""
     base = fresh_base(tiny)
     sites = discover_sites(base, list(tiny.cfg.backbone.target_modules), torch.tensor([[1, 1, 1, 1]]))
-    seqs = [pair_example(p) for p in calibration_pairs(tiny.reference, 96)]
+    seqs = [pair_example(p) for p in reference_pairs(tiny.reference, 96)]
     return sites, collect_inputs(base, sites, seqs, pad_id=tiny.tokenizer.pad_token_id, batch_size=16, max_tokens=4096,
                                  progress=False)
 
@@ -94,7 +98,7 @@ def test_init_is_the_base_a_is_frozen_and_orthogonal_to_the_top_retained_directi
 
 def test_update_barely_touches_retained_inputs_after_training(tiny, tmp_path):
     sites, x_ret = retained_site_inputs(tiny)
-    target_seqs = target_examples(run_context(tiny, tmp_path), 96, None, 0)
+    target_seqs = target_examples(run_context(tiny, tmp_path))
     x_tgt = collect_inputs(fresh_base(tiny), sites, target_seqs, pad_id=tiny.tokenizer.pad_token_id, batch_size=16,
                            progress=False)
     # Share of the retained energy in the 8 smallest eigen-directions of each site's second moment (computed here).
@@ -108,8 +112,8 @@ def test_update_barely_touches_retained_inputs_after_training(tiny, tmp_path):
         model, method, ctx = prepared(tiny, name, tmp_path / name)
         init = {n: (m.lora_B["default"].weight.detach().clone(), m.lora_A["default"].weight.detach().clone())
                 for n, m in lora_layers(model).items()}
-        train(model, method, tiny.examples, ctx, steps=20, lr=5e-2, batch_size=4, grad_accum=2,
-              pad_id=tiny.tokenizer.pad_token_id, checkpoint_every=100, progress=False)
+        train(model, method, tiny.examples, ctx, train_config(steps=20, lr=5e-2, batch_size=4, grad_accum=2,
+              checkpoint_every=100, progress=False))
         layers = lora_layers(model)
         on_ret = on_tgt = 0.0
         normalised = {}
@@ -154,7 +158,7 @@ def test_export_is_a_plain_rank_r_lora_on_the_unmodified_base(tiny, tmp_path):
     assert config["r"] == 8 and config["lora_alpha"] == 16
     assert all(torch.equal(m.lora_B["default"].weight, trained_b[n]) for n, m in lora_layers(model).items())
     assert torch.equal(logits_of(model, probe), trained)  # export left the model as it was
-    reloaded = load_peft_export(fresh_base(tiny), tmp_path / "export")
+    reloaded = LoRA.load_export(fresh_base(tiny), tmp_path / "export")
     for name, layer in lora_layers(reloaded).items():
         torch.testing.assert_close(layer.lora_A["default"].weight, method.init_factors[name][1])
     torch.testing.assert_close(logits_of(reloaded, probe), trained, rtol=1e-4, atol=1e-4)
@@ -170,8 +174,8 @@ def test_resumed_prepare_reuses_the_saved_statistics(tiny, tmp_path):
 
 def test_bad_hyperparameters_are_rejected(tiny, tmp_path):
     with pytest.raises(MethodConfigError, match=r"method.null_dim=4 is not allowed: null \(= rank\) or an integer >= rank"):
-        LoRANull(rank=8, null_dim=4)
+        build("loranull", rank=8, null_dim=4)
     with pytest.raises(MethodConfigError, match="method.max_tokens"):
-        LoRANull(max_tokens=0)
+        build("loranull", max_tokens=0)
     with pytest.raises(MethodConfigError, match=r"method.null_dim=40 is not allowed: at most 32"):
         prepared(tiny, "loranull", tmp_path, null_dim=40)

@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
-from baselines.common import load_peft_export, lora_layers
-from baselines.milora import MiLoRA, minor_factors
+from baselines.common import lora_layers
+from baselines.lora import LoRA
+from baselines.milora import minor_factors
 from experiments.methods import MethodConfigError
+from experiments.registry import build
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -97,7 +99,7 @@ def test_export_is_the_converted_update_on_the_unmodified_base(tiny, tmp_path):
     assert config["r"] == 16 and config["lora_alpha"] == 32 and config["init_lora_weights"] is True
     assert stored == (tmp_path / "export" / "adapter_model.safetensors").stat().st_size
     probe = target_batch(tiny)
-    reloaded = load_peft_export(fresh_base(tiny), tmp_path / "export")
+    reloaded = LoRA.load_export(fresh_base(tiny), tmp_path / "export")
     torch.testing.assert_close(logits_of(reloaded, probe), logits_of(model, probe), rtol=1e-4, atol=1e-4)
 
 
@@ -111,6 +113,6 @@ def test_resumed_prepare_reuses_the_saved_factors(tiny, tmp_path):
 
 def test_bad_ranks_are_rejected(tiny, tmp_path):
     with pytest.raises(MethodConfigError, match="method.rank"):
-        MiLoRA(rank=0)
+        build("milora", rank=0)
     with pytest.raises(MethodConfigError, match=r"method.rank=17 is not allowed: at most 16"):
         prepared(tiny, "milora", tmp_path, rank=17)  # k_proj / v_proj of the tiny model are 32 -> 16

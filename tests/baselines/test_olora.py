@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.common import calibration_pairs, lora_layers, pair_example
-from baselines.olora import OLoRA, orthogonality_penalty
+from baselines.common import lora_layers
+from experiments.calibration import pair_example, reference_pairs
+from baselines.olora import orthogonality_penalty
 from experiments.activations import collect_inputs, discover_sites
 from experiments.methods import MethodConfigError
 from tests.baselines.baseline_helpers import prepared, randomize_lora_b, target_batch
+from experiments.registry import build
 
 
 def test_penalty_on_hand_built_matrices():
@@ -28,9 +30,9 @@ def test_penalty_on_hand_built_matrices():
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.lambda1"):
-        OLoRA(lambda1=-1.0)
+        build("olora", lambda1=-1.0)
     with pytest.raises(MethodConfigError, match="method.prev_rank"):
-        OLoRA(prev_rank=0)
+        build("olora", prev_rank=0)
 
 
 def test_extra_loss_is_the_weighted_sum_over_modules_with_retained_top_directions(tiny, tmp_path):
@@ -43,7 +45,7 @@ def test_extra_loss_is_the_weighted_sum_over_modules_with_retained_top_direction
     base_model = model.get_base_model()
     with model.disable_adapter():
         sites = discover_sites(base_model, list(tiny.cfg.backbone.target_modules), torch.tensor([[1, 1, 1, 1]]))
-        seqs = [pair_example(p) for p in calibration_pairs(tiny.reference)]
+        seqs = [pair_example(p) for p in reference_pairs(tiny.reference)]
         x = collect_inputs(base_model, sites, seqs, pad_id=tiny.tokenizer.pad_token_id, progress=False)
     for site in sites:
         evals, evecs = torch.linalg.eigh(x[site.name].T @ x[site.name] / len(x[site.name]))

@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
-from baselines.common import load_peft_export, lora_layers
-from baselines.pissa import PiSSA
+from baselines.common import lora_layers
+from baselines.lora import LoRA
 from experiments.methods import MethodConfigError
+from experiments.registry import build
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -93,11 +94,11 @@ def test_export_is_the_converted_update_on_the_unmodified_base(tiny, tmp_path):
     config = json.loads((tmp_path / "export" / "adapter_config.json").read_text())
     assert config["r"] == 16 and config["lora_alpha"] == 32 and config["init_lora_weights"] is True
     probe = target_batch(tiny)
-    reloaded = load_peft_export(fresh_base(tiny), tmp_path / "export")
+    reloaded = LoRA.load_export(fresh_base(tiny), tmp_path / "export")
     torch.testing.assert_close(logits_of(reloaded, probe), logits_of(model, probe), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_svd_niter_is_rejected():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(MethodConfigError, match="method.svd_niter"):
-            PiSSA(svd_niter=bad)
+            build("pissa", svd_niter=bad)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from baselines.common import calibration_pairs, labelled_calibration_examples
+from experiments.calibration import labelled_calibration_examples, reference_pairs
 from experiments.config import ConfigError
 from tests.baselines.baseline_helpers import run_context
 from tests.baselines.conftest import compose_tiny
@@ -34,8 +34,8 @@ def test_protect_one_domain_filters_what_methods_see(tiny, tmp_path):
     # The view's key differs, so keyed statistics (EWC's Fisher) never mix protect settings.
     assert ref.key != tiny.reference.key and ref.key.startswith(tiny.reference.key)
     n_keep = len(tiny.reference.domains[keep].split("calibration").prompt_ids)
-    assert len(calibration_pairs(ref)) == n_keep < len(calibration_pairs(tiny.reference))
-    labelled = labelled_calibration_examples(ctx, 64)
+    assert len(reference_pairs(ref)) == n_keep < len(reference_pairs(tiny.reference))
+    labelled = labelled_calibration_examples(ctx)
     assert len(labelled) == len(tiny.benchmark.retained[keep].calibration)
     # The full cache is untouched: evaluation still reads every domain.
     assert sorted(tiny.reference.domains) == domains

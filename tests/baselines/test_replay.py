@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from baselines.common import calibration_pairs, pair_example
-from baselines.replay import Replay, replay_count
+from baselines.replay import replay_count
 from experiments.methods import MethodConfigError
 from experiments.prompts import gold_response
 from tests.baselines.baseline_helpers import prepared
+from experiments.registry import build
 
 
 def key(example):
@@ -26,9 +27,9 @@ def test_replay_count():
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.rho"):
-        Replay(rho=1.0, mode="append")
+        build("replay", rho=1.0, mode="append")
     with pytest.raises(MethodConfigError, match="method.mode"):
-        Replay(mode="mix")
+        build("replay", mode="mix")
 
 
 @pytest.mark.parametrize("mode, rho, kept, replayed", [("replace", 0.25, 6, 2), ("append", 0.2, 8, 2)])

@@ -2,16 +2,13 @@
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from experiments.backbones import BackboneError, backbone_key, load_backbone, resolve_path
-from experiments.config import BackboneConfig
-from tests.conftest import build_tiny_tokenizer
+from tests.conftest import backbone_config, build_tiny_tokenizer
 
 
 def backbone_cfg(path, **kw):
-    return OmegaConf.merge(OmegaConf.structured(BackboneConfig), {"name": "tiny", "path": str(path),
-                           "target_modules": ["q_proj", "v_proj", "down_proj"], **kw})
+    return backbone_config(path, **{"name": "tiny", "target_modules": ["q_proj", "v_proj", "down_proj"], **kw})
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

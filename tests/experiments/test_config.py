@@ -1,12 +1,11 @@
 """Config composition and validation before any compute: every error names key, value and what is allowed."""
 
-import os
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments.backbones import BackboneError
+from experiments import registry
 from experiments.config import ConfigError, validate_config
 from experiments.data.benchmark import build_benchmark
 from experiments.data.loaders import DataError
@@ -95,10 +94,12 @@ def test_unknown_backbone_lists_valid_names():
 
 
 def test_rank_must_be_positive():
-    with pytest.raises(ConfigError, match=r"method.rank=0 is not allowed: must be > 0"):
+    with pytest.raises(ConfigError, match=r"method.rank=0 is not allowed: an integer > 0"):
         validate_config(composed("method.rank=0"))
     with pytest.raises(MethodConfigError, match=r"method.rank=-2 is not allowed: an integer > 0"):
-        build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rank": -2})
+        registry.build("lora", rank=-2)
+    with pytest.raises(MethodConfigError, match=r"method.alpha: no value"):
+        build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rank": 2})
 
 
 def test_negative_learning_rate():

@@ -46,7 +46,7 @@ def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "scale 0 already evaluated" in second.stdout and "scale 0.5 already evaluated" in second.stdout
     assert "evaluating at post-hoc scale 0.25" in second.stdout
-    assert f"resumed from checkpoint" in second.stdout
+    assert "resumed from checkpoint" in second.stdout
     recs2 = _records(tmp_path / "runs")
     assert set(recs2) == {run_id, f"{run_id}@0", f"{run_id}@0.25", f"{run_id}@0.5"}
     assert recs2[f"{run_id}@0"] == at0  # untouched

@@ -5,26 +5,22 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
-from omegaconf import OmegaConf
 
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
-from experiments.config import BackboneConfig
 from experiments.methods import RunContext
 from experiments.prompts import code_instruction_prompt, encode_pair
+from experiments.registry import build
 from experiments.train import DataStream, Preempted, checkpoint_paths, seed_everything, train
-from tests.conftest import tiny_code
+from tests.conftest import backbone_config, tiny_code, train_config
 
 
 def setup(backbone_dir, run_dir: Path, method=None):
     seed_everything(0)
-    bb = OmegaConf.merge(OmegaConf.structured(BackboneConfig),
-                         {"name": "tiny", "path": str(backbone_dir), "target_modules": ["q_proj", "v_proj", "up_proj"]})
+    bb = backbone_config(backbone_dir, name="tiny", target_modules=["q_proj", "v_proj", "up_proj"])
     model, tok = load_backbone(bb)
-    cfg = OmegaConf.create({"backbone": OmegaConf.to_container(bb)})
-    ctx = RunContext(cfg=cfg, tokenizer=tok, benchmark=None, run_dir=run_dir, seed=0)
-    method = method or LoRA(rank=4, alpha=8)
+    ctx = RunContext(tokenizer=tok, benchmark=None, run_dir=run_dir, seed=0, target_modules=list(bb.target_modules))
+    method = method or build("lora", rank=4, alpha=8)
     model = method.prepare(model, ctx)
     items = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
               "response": p["canonical_solution"]} for p in tiny_code(10)]
@@ -33,8 +29,8 @@ def setup(backbone_dir, run_dir: Path, method=None):
 
 
 def run_train(model, method, examples, ctx, tok, steps=8, lr=5e-3, **kw):
-    return train(model, method, examples, ctx, steps=steps, lr=lr, batch_size=4, grad_accum=2,
-                 pad_id=tok.pad_token_id, checkpoint_every=3, progress=False, **kw)
+    return train(model, method, examples, ctx, train_config(steps=steps, lr=lr, batch_size=4, grad_accum=2,
+                                                            checkpoint_every=3, progress=False, **kw))
 
 
 def test_encode_pair_masks_the_prompt(tiny_backbone_dir):
@@ -70,7 +66,7 @@ class SignalAt(LoRA):
     """LoRA that sends itself a signal after a given optimizer step (a kill arriving mid-training)."""
 
     def __init__(self, at_step, signum, **kw):
-        super().__init__(**kw)
+        super().__init__(build("lora", **kw).params)
         self.at_step, self.signum = at_step, signum
 
     def after_step(self, model, ctx):

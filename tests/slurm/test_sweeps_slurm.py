@@ -4,7 +4,6 @@ USR2 and resume, failure records. Run with `python -m pytest -m slurm` once the 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time

@@ -1,0 +1,63 @@
+"""The method registry: every method is one `conf/method/<name>.yaml` (its `_target_`, hyperparameter
+values and `display`), read here for tests, benchmarks and tools, and by `analysis.methods` for labels.
+
+Adding a method is its module, its config file, its test file and a section in docs/baselines.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.methods import DISPLAY_KEY, Method, build_method
+
+METHOD_CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+#: Display groups, in table order: ATLAS, the paper's seven baselines, the extended ones, the ATLAS
+#: ablations, the base model.
+GROUPS = ("reference", "baseline", "extended", "ablation", "base")
+
+
+def method_names() -> list[str]:
+    """Every configured method, in display order (group, then its `display.order`)."""
+    return sorted((p.stem for p in METHOD_CONF.glob("*.yaml")), key=_order)
+
+
+def _order(name: str) -> tuple:
+    d = display(name)
+    return GROUPS.index(d["group"]), d["order"], name
+
+
+def _raw(name: str) -> dict:
+    path = METHOD_CONF / f"{name}.yaml"
+    if not path.is_file():
+        raise KeyError(f"no method {name!r}; configured: {sorted(p.stem for p in METHOD_CONF.glob('*.yaml'))}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def method_config(name: str) -> dict:
+    """The composed `method` config of `name`: its file over the files its `defaults` list names."""
+    raw = _raw(name)
+    out: dict = {}
+    for entry in raw.pop("defaults", []):
+        if entry != "_self_":
+            out.update(method_config(entry))
+    out.update(raw)
+    return out
+
+
+def display(name: str) -> dict:
+    """How analysis shows `name`: label, group (one of GROUPS), order within the group, colour, marker."""
+    return dict(_raw(name)[DISPLAY_KEY])
+
+
+def trained_methods(*groups: str) -> list[str]:
+    """The methods of `groups` (all but the base when none are given) that train."""
+    wanted = groups or tuple(g for g in GROUPS if g != "base")
+    return [n for n in method_names() if display(n)["group"] in wanted]
+
+
+def build(name: str, **overrides: Any) -> Method:
+    """The method `conf/method/<name>.yaml` configures, with hyperparameter overrides."""
+    return build_method({**method_config(name), **overrides})
