@@ -269,31 +269,21 @@ def train_batch(bb: Backbone, batch_size: int, seq_len: int, seed: int) -> dict[
 
 
 # -- adapters -------------------------------------------------------------------------------------
-def method_hparams(name: str) -> dict:
-    """A conf/method/<name>.yaml as keyword arguments (without `_target_` and `name`)."""
-    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "method" / f"{name}.yaml"), resolve=True)
-    cfg.pop("_target_", None)
-    cfg.pop("name", None)
-    return cfg
-
-
 def run_context(bb: Backbone, run_dir: Path, seed: int, reference: Any = None):
     """A RunContext with what ATLAS.prepare and LoRA.prepare read, outside the run harness."""
     from experiments.methods import RunContext
 
-    cfg = OmegaConf.create({"backbone": {"target_modules": TARGETS, "chat_template": False}, "train": {"progress": False}})
     tok = SimpleNamespace(pad_token_id=bb.pad_id, eos_token_id=bb.eos_id)
-    return RunContext(cfg=cfg, tokenizer=tok, benchmark=SimpleNamespace(target_train=[], protect=None),
-                      run_dir=Path(run_dir), device=bb.device, seed=seed,
+    return RunContext(tokenizer=tok, benchmark=SimpleNamespace(target_train=[], protect=None), run_dir=Path(run_dir),
+                      device=bb.device, seed=seed, target_modules=list(TARGETS), progress=False,
                       reference_fn=(lambda: reference) if reference is not None else None)
 
 
 def add_lora(model: torch.nn.Module, bb: Backbone, seed: int, **overrides):
     """`baselines.lora.LoRA` (peft) on `model` in place, B drawn non-zero so the residual is not trivially 0."""
-    from baselines.lora import LoRA
+    from experiments.registry import build
 
-    hp = {**method_hparams("lora"), "target_modules": TARGETS, **overrides}
-    method = LoRA(**hp)
+    method = build("lora", target_modules=TARGETS, **overrides)
     model = method.prepare(model, run_context(bb, Path(tempfile.gettempdir()), seed))
     randomize_b(model, seed)
     return model, method
@@ -307,12 +297,12 @@ def atlas_dir(bb: Backbone, st: Settings, hp: dict) -> Path:
 
 def add_atlas(model: torch.nn.Module, bb: Backbone, st: Settings, **overrides):
     """`atlas.method.ATLAS` on `model` in place; the atlas is built once per settings and reused (loaded)."""
-    from atlas.method import ATLAS
+    from experiments.registry import build
 
-    hp = {**method_hparams("atlas"), "target_modules": TARGETS, **overrides}
     if st.atlas_tokens:
-        hp["max_tokens"] = st.atlas_tokens
-    method = ATLAS(**hp)
+        overrides["max_tokens"] = st.atlas_tokens
+    method = build("atlas", target_modules=TARGETS, **overrides)
+    hp = method.describe()
     reference = calibration_reference(bb, hp["max_tokens"], st.seed)
     t0 = time.perf_counter()
     model = method.prepare(model, run_context(bb, atlas_dir(bb, st, hp), st.seed, reference))

@@ -29,9 +29,18 @@ from omegaconf import OmegaConf
 
 from atlas.footprint import footprint
 from bench.common import (
-    REPO, Settings, add_atlas, add_lora, command_line, environment, load_preset, method_hparams, shared_copy, table,
+    REPO,
+    Settings,
+    add_atlas,
+    add_lora,
+    command_line,
+    environment,
+    load_preset,
+    shared_copy,
+    table,
     write_json,
 )
+from experiments.registry import method_config
 
 SCRIPT = "storage"
 PAPER = ["qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"]
@@ -89,7 +98,7 @@ def measure_micro(settings_list, rank: int, seed: int) -> list[dict]:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     import argparse
 
-    defaults = method_hparams("atlas")
+    defaults = method_config("atlas")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))
     ap.add_argument("--settings", default=f"{defaults['num_centers']}:{defaults['filter_rank']},16:4,16:2,8:8,8:4,8:2,4:4,4:2,1:8",

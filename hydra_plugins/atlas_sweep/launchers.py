@@ -1,4 +1,4 @@
-"""The suite's Hydra launchers: skip complete runs, launch the rest, summarise (logic in experiments/sweep.py).
+"""The suite's Hydra launchers: skip complete runs, launch the rest, summarise (logic in hydra_plugins/atlas_sweep/planner.py).
 
 Hydra instantiates launchers only from the `hydra_plugins` package, hence this module; it is
 imported by Hydra's plugin scan on every start, so it imports nothing heavy at module level.
@@ -28,7 +28,7 @@ class LocalSweepLauncher(BasicLauncher):
     """Hydra's basic launcher (jobs one after another in this process) with skip + summary."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from experiments import sweep
+        from hydra_plugins.atlas_sweep import planner as sweep
         from experiments.train import Preempted
 
         setup_globals()
@@ -96,7 +96,7 @@ class SlurmSweepLauncher(SlurmLauncher):
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from experiments import sweep
+        from hydra_plugins.atlas_sweep import planner as sweep
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -145,7 +145,7 @@ class SlurmSweepLauncher(SlurmLauncher):
 
     @staticmethod
     def _wait(todo: Sequence[Any], jobs: Sequence[Any]) -> list[Any]:
-        from experiments import sweep
+        from hydra_plugins.atlas_sweep import planner as sweep
 
         outcomes: list[Any] = [None] * len(jobs)
         pending = set(range(len(jobs)))
@@ -177,7 +177,7 @@ class SlurmSweepLauncher(SlurmLauncher):
     def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:  # type: ignore[override]
         import submitit
 
-        from experiments import sweep
+        from hydra_plugins.atlas_sweep import planner as sweep
         from experiments.train import Preempted
 
         if self.launch_cwd:
@@ -200,12 +200,12 @@ class SlurmSweepLauncher(SlurmLauncher):
         if self.requeued:
             # submitit requeued this job and exits, but an error raised while unwinding replaced its exit:
             # leave no result, or the launcher would take this attempt for the end of the job.
-            print(f"[sweep] requeued; exiting without a result ({ret._return_value!r} while stopping)", flush=True)
+            sweep.log(f"requeued; exiting without a result ({ret._return_value!r} while stopping)")
             sys.exit(-1)
         if ret.status == JobStatus.FAILED and isinstance(ret._return_value, Preempted):
             # Stopped by SIGTERM after a checkpoint (scancel, or a preemption SLURM requeues by itself): leave
             # no result behind, so the launcher waits for a requeued job instead of taking this as the end.
-            print(f"[sweep] {ret._return_value}; exiting without a result", flush=True)
+            sweep.log(f"{ret._return_value}; exiting without a result")
             sys.exit(1)
         if ret.status == JobStatus.FAILED:
             # Raise, so that the SLURM job ends FAILED (sacct) and submitit keeps the traceback; the run's
@@ -215,6 +215,8 @@ class SlurmSweepLauncher(SlurmLauncher):
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on USR2: resubmit this same job; it resumes from the run's newest checkpoint."""
-        print("[sweep] requeueing this job; it resumes from the run's newest checkpoint", flush=True)
+        from hydra_plugins.atlas_sweep import planner as sweep
+
+        sweep.log("requeueing this job; it resumes from the run's newest checkpoint")
         self.requeued = True  # reset when the requeued job starts (`__call__`)
         return super().checkpoint(*args, **kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.common import calibration_pairs, pair_example
+from experiments.calibration import pair_example, reference_pairs
 from baselines.replay import replay_count
 from experiments.methods import MethodConfigError
 from experiments.prompts import gold_response
@@ -35,7 +35,7 @@ def test_bad_knobs_are_rejected():
 @pytest.mark.parametrize("mode, rho, kept, replayed", [("replace", 0.25, 6, 2), ("append", 0.2, 8, 2)])
 def test_batches_hold_the_configured_share_of_base_responses(tiny, tmp_path, mode, rho, kept, replayed):
     _, method, ctx = prepared(tiny, "replay", tmp_path, rho=rho, mode=mode)
-    pool = {key(pair_example(p)) for p in calibration_pairs(tiny.reference, 96)}
+    pool = {key(pair_example(p)) for p in reference_pairs(tiny.reference, 96)}
     targets = tiny.examples[:8]
     for step in range(1, 6):
         ctx.step = step

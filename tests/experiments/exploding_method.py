@@ -1,15 +1,20 @@
 """A method whose training step raises: used to test that failures are recorded."""
 
-from baselines.lora import LoRA
+from dataclasses import dataclass
+
+from baselines.lora import LoRA, LoRAParams
+
+
+@dataclass(kw_only=True)
+class ExplodingParams(LoRAParams):
+    explode_at: int = 2
 
 
 class ExplodingLoRA(LoRA):
     """LoRA that raises at a given optimizer step."""
 
-    def __init__(self, explode_at: int = 2, **kw):
-        super().__init__(**kw)
-        self.explode_at = explode_at
+    Params = ExplodingParams
 
     def after_step(self, model, ctx):
-        if ctx.step == self.explode_at:
+        if ctx.step == self.params.explode_at:
             raise RuntimeError(f"boom at step {ctx.step}")

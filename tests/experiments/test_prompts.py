@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from experiments import prompts as P
-from experiments.data import micro
+from tools.micro import world as micro
 from experiments.evaluation.generation import encode_prompts, generate
-from experiments.micro import pretrain, quick_eval
+from tools.micro import pretrain, quick_eval
 
 REPO = Path(__file__).resolve().parents[2]
 BACKBONE = REPO / "assets" / "micro" / "backbone"

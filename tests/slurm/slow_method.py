@@ -2,17 +2,21 @@
 as planned whatever the machine's speed."""
 
 import time
+from dataclasses import dataclass
 
-from baselines.lora import LoRA
+from baselines.lora import LoRA, LoRAParams
+
+
+@dataclass(kw_only=True)
+class SlowParams(LoRAParams):
+    step_sleep_s: float = 0.1
 
 
 class SlowLoRA(LoRA):
     """LoRA that sleeps `step_sleep_s` after every optimizer step."""
 
-    def __init__(self, step_sleep_s: float = 0.1, **kw):
-        super().__init__(**kw)
-        self.step_sleep_s = step_sleep_s
+    Params = SlowParams
 
     def after_step(self, model, ctx):
         super().after_step(model, ctx)
-        time.sleep(self.step_sleep_s)
+        time.sleep(self.params.step_sleep_s)

@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from experiments import sweep
+from hydra_plugins.atlas_sweep import planner as sweep
 from tests.conftest import REPO, run_cli
 from tests.slurm.sweep_helpers import records_under, summary_rows, sweep_folder, sweep_lines
 
@@ -92,10 +92,10 @@ def test_code_snapshot_of_this_repo_imports_from_itself(tmp_path):
     info = sweep.snapshot_code(tmp_path / "code")
     code = tmp_path / "code"
     assert info["git_sha"] == git(REPO, "rev-parse", "HEAD") == git(code, "rev-parse", "HEAD")
-    for rel in ("run.py", "experiments/sweep.py", "hydra_plugins/atlas_sweep/launchers.py", "conf/config.yaml"):
+    for rel in ("run.py", "hydra_plugins/atlas_sweep/planner.py", "hydra_plugins/atlas_sweep/launchers.py", "conf/config.yaml"):
         assert (code / rel).is_file(), rel
     # A job's Python starts in the snapshot: the code it imports is the snapshot's.
-    probe = "import experiments.sweep as s, hydra_plugins.atlas_sweep.launchers as l; print(s.__file__, l.__file__)"
+    probe = "import hydra_plugins.atlas_sweep.planner as s, hydra_plugins.atlas_sweep.launchers as l; print(s.__file__, l.__file__)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=code, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert all(p.startswith(str(code)) for p in out.stdout.split()), out.stdout
@@ -126,7 +126,7 @@ def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overr
     assert again.stdout.count("[run] ") == 1  # only the failed run ran again
 
     # The summary can be made again later from the run directories.
-    proc = subprocess.run([sys.executable, "-m", "experiments.sweep", "summary", str(sweep_folder(again.stdout))],
+    proc = subprocess.run([sys.executable, "-m", "hydra_plugins.atlas_sweep.planner", "summary", str(sweep_folder(again.stdout))],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "1 skipped, 1 failed" in proc.stdout, proc.stdout + proc.stderr
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.data import dedup, micro
+from experiments.data import dedup
+from tools.micro import world as micro
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "assets" / "micro" / "data"
@@ -247,7 +248,7 @@ def test_a_wrong_body_fails_every_evaluation_test(splits):
 
 
 def test_evaluation_programs_pass_through_the_quick_checker(splits):
-    from experiments.micro.quick_eval import completions_pass
+    from tools.micro.quick_eval import completions_pass
 
     problems = splits["code/test"][::11]
     assert all(completions_pass(problems, [p["canonical_solution"] for p in problems]))

@@ -36,7 +36,7 @@ How the splits are kept apart, by construction:
 `write` runs `dedup_report` and refuses to write splits that share an exact or near-duplicate
 item; the report is stored in GENERATOR.json and printed by the command line:
 
-    python -m experiments.data.micro --out DIR [--seed 0] [--no-pretrain]
+    python -m tools.micro.world --out DIR [--seed 0] [--no-pretrain]
 """
 
 from __future__ import annotations
@@ -1002,7 +1002,7 @@ def write(out_dir: str | Path, seed: int = DEFAULT_SEED, sizes: MicroSizes = Mic
         path.write_text(text, encoding="utf-8")
         paths[key] = path
     meta = {
-        "generator": "experiments.data.micro",
+        "generator": "tools.micro.world",
         "version": GENERATOR_VERSION,
         "seed": seed,
         "sizes": asdict(sizes),

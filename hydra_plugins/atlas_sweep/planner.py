@@ -17,7 +17,7 @@ failed or interrupted, with the reason read from its run directory; it is printe
 the sweep folder `<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also
 holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
 
-    python -m experiments.sweep summary runs/.sweeps/20260101-120000-1234   # summarise again, now
+    python -m hydra_plugins.atlas_sweep.planner summary runs/.sweeps/20260101-120000-1234   # summarise again, now
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ SNAPSHOT_COPY_LIMIT = 10 * 2**20
 
 
 def log(message: str) -> None:
-    print(f"[sweep] {message}", flush=True)
+    """A `[sweep] ...` line on stdout (experiments.log)."""
+    from experiments.log import console
+
+    console().getChild("sweep").info(message)
 
 
 def ensure_run_id_resolver() -> None:
@@ -441,7 +444,7 @@ def summarise_folder(folder: Path) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hydra_plugins.atlas_sweep.planner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("summary", help="summarise a sweep folder again from the run directories")
     p.add_argument("folder", type=Path, help="a sweep folder, <run_root>/.sweeps/<timestamp>")

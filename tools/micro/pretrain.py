@@ -1,9 +1,9 @@
 """Recipe of the micro backbone: generate the micro world, train its tokenizer, pretrain a tiny Qwen3.
 
-    python -m experiments.micro.pretrain --out assets/micro/backbone [--seed 0] [--steps N] [--minutes M] [--tiny]
+    python -m tools.micro.pretrain --out assets/micro/backbone [--seed 0] [--steps N] [--minutes M] [--tiny]
 
 Steps:
-1. Generate the micro benchmark (`experiments.data.micro`) into `--data-dir` (a temporary folder by
+1. Generate the micro benchmark (`tools.micro.world`) into `--data-dir` (a temporary folder by
    default); the pretraining corpus is its pretrain splits rendered with the shared templates of
    `experiments.prompts` as (prompt, response) pairs and tokenised by the suite's one rule
    (`prompts.split_boundary`: prompt tokens, response tokens, eos), so the model sees at
@@ -37,8 +37,8 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from experiments.data import micro
-from experiments.micro import quick_eval
+from tools.micro import world as micro
+from tools.micro import quick_eval
 from experiments.prompts import (choice_prompt, choice_response, code_problem_prompt, encode_prompt, encode_response,
                                 math_prompt, math_response)
 
@@ -336,7 +336,7 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
 
     log = {
         "recipe": asdict(recipe),
-        "generator": {"module": "experiments.data.micro", "version": micro.GENERATOR_VERSION, "seed": recipe.seed},
+        "generator": {"module": "tools.micro.world", "version": micro.GENERATOR_VERSION, "seed": recipe.seed},
         "params": n_params,
         "tokens_seen": tokens_seen,
         "steps_done": steps_done,

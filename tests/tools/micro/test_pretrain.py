@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.micro import pretrain, quick_eval
+from tools.micro import pretrain, quick_eval
 
 REPO = Path(__file__).resolve().parents[3]
 BACKBONE = REPO / "assets" / "micro" / "backbone"
@@ -74,7 +74,7 @@ def test_learning_rate_schedule():
 
 def test_command_line_tiny_run(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.micro.pretrain", "--tiny", "--steps", "3", "--out", str(tmp_path / "m")],
+        [sys.executable, "-m", "tools.micro.pretrain", "--tiny", "--steps", "3", "--out", str(tmp_path / "m")],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
