@@ -74,7 +74,7 @@ def part_a(shape: str, st, args) -> dict:
     bs = args.kl_batch
     print(f"[{shape}] {len(prompts)} sequences, {n_tokens} response tokens, "
           f"{sum(len(p) for p in prompts) + n_tokens} tokens, batch {bs}", flush=True)
-    cfg = EvalConfig()
+    cfg = EvalConfig.from_group()
     cached = {mode: cache_logprobs(bb.model, prompts, responses, mode=mode, dtype=cfg.logprob_dtype, top_k=cfg.top_k,
                                    pad_id=bb.pad_id, batch_size=bs) for mode in ("full", "topk")}
     auto = _choose_mode(bb.vocab, n_tokens, cfg)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -25,6 +26,30 @@ DATA_KINDS = ("math", "choice", "code_problem", "code_instruction")
 BENCHMARK_SPLITS = ("dev", "test")
 HOLDOUT_PARTS = ("dev", "rest")
 RETAINED_KINDS = ("math", "choice")
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def group_values(group: str, name: str) -> dict:
+    """The values of `conf/<group>/<name>.yaml` over those of the same-group files its `defaults` list names
+    (as Hydra composes them), outside a Hydra run: what tests, benchmarks and tools start from."""
+    path = CONF / group / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+        raise ConfigError(f"{group}={name!r} is not allowed: one of {options}")
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    out: dict = {}
+    for parent in raw.pop("defaults", []):
+        if isinstance(parent, str) and parent != "_self_":
+            out.update(group_values(group, parent))
+    out.update(raw)
+    return out
+
+
+def train_config(name: str = "default", **overrides: Any) -> "TrainConfig":
+    """A `TrainConfig` with the values of conf/train/<name>.yaml and `overrides`."""
+    return TrainConfig(**{**group_values("train", name), **overrides})
 
 
 class ConfigError(ValueError):

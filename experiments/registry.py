@@ -6,14 +6,14 @@ Adding a method is its module, its config file, its test file and a section in d
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from experiments.config import CONF, group_values
 from experiments.methods import DISPLAY_KEY, Method, build_method
 
-METHOD_CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+METHOD_CONF = CONF / "method"
 #: Display groups, in table order: ATLAS, the paper's seven baselines, the extended ones, the ATLAS
 #: ablations, the base model.
 GROUPS = ("reference", "baseline", "extended", "ablation", "base")
@@ -29,27 +29,15 @@ def _order(name: str) -> tuple:
     return GROUPS.index(d["group"]), d["order"], name
 
 
-def _raw(name: str) -> dict:
-    path = METHOD_CONF / f"{name}.yaml"
-    if not path.is_file():
-        raise KeyError(f"no method {name!r}; configured: {sorted(p.stem for p in METHOD_CONF.glob('*.yaml'))}")
-    return yaml.safe_load(path.read_text()) or {}
-
-
 def method_config(name: str) -> dict:
     """The composed `method` config of `name`: its file over the files its `defaults` list names."""
-    raw = _raw(name)
-    out: dict = {}
-    for entry in raw.pop("defaults", []):
-        if entry != "_self_":
-            out.update(method_config(entry))
-    out.update(raw)
-    return out
+    return group_values("method", name)
 
 
 def display(name: str) -> dict:
-    """How analysis shows `name`: label, group (one of GROUPS), order within the group, colour, marker."""
-    return dict(_raw(name)[DISPLAY_KEY])
+    """How analysis shows `name`: label, group (one of GROUPS), order within the group, colour, marker.
+    Each file has its own (an ablation's is not its parent's)."""
+    return dict((yaml.safe_load((METHOD_CONF / f"{name}.yaml").read_text()) or {})[DISPLAY_KEY])
 
 
 def trained_methods(*groups: str) -> list[str]:

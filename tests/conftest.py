@@ -132,15 +132,6 @@ def backbone_config(path, **overrides):
     return OmegaConf.merge(OmegaConf.structured(BackboneConfig), raw, {"path": str(path), **overrides})
 
 
-def train_config(**overrides):
-    """A `TrainConfig` with conf/train/default.yaml's values and `overrides`."""
-    import yaml
-
-    from experiments.config import TrainConfig
-
-    return TrainConfig(**{**yaml.safe_load((REPO / "conf" / "train" / "default.yaml").read_text()), **overrides})
-
-
 def tiny_overrides(backbone: Path, bench: Path, run_root: Path, cache_dir: Path, **extra: str) -> list[str]:
     """Hydra overrides that point a run at the tiny backbone and benchmark, with a tiny budget."""
     ov = {

@@ -85,6 +85,13 @@ class EvalConfig:
     # First N items of each retained split (calibration and evaluation); null = all.
     max_items_per_domain: Optional[int] = MISSING
 
+    @classmethod
+    def from_group(cls, name: str = "micro", **overrides: Any) -> "EvalConfig":
+        """The values of conf/eval/<name>.yaml with `overrides` (not validated: call `validate()`)."""
+        from experiments.config import group_values
+
+        return cls(**{**group_values("eval", name), **overrides})
+
     def validate(self) -> "EvalConfig":
         """Raise `ValueError` on the first invalid value; return self when all are valid."""
         for name in (

@@ -42,7 +42,11 @@ from experiments import prompts as P
 from experiments.disk_cache import exclusive_lock, is_complete
 from experiments.evaluation.config import EvalConfig
 from experiments.evaluation.generation import encode_prompts, generate, pad_token_id
-from experiments.evaluation.retained_kl import LOGPROB_TORCH_DTYPES, CachedLogprobs, cache_logprobs
+from experiments.evaluation.retained_kl import (
+    LOGPROB_TORCH_DTYPES,
+    CachedLogprobs,
+    cache_logprobs,
+)
 from experiments.evaluation.scoring import score_choices
 
 CACHE_FORMAT_VERSION = 1

@@ -27,10 +27,10 @@ def test_counts_match_a_built_atlas_and_peft_lora(tiny_backbone_dir, tmp_path):
     shapes = {k: getattr(c, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                          "num_attention_heads", "num_key_value_heads", "head_dim")}
     sites = method.atlas.values()
-    k = method.num_centers
+    k = method.params.num_centers
     # d-weighted mean filter rank, so that sum_sites d * K * mean = the stored filter columns exactly
     mean_rank = sum(s.centers.shape[1] * int(s.ranks.sum()) for s in sites) / (k * sum(s.centers.shape[1] for s in sites))
-    est = footprint(shapes, 4, k, method.filter_rank, TARGETS, bytes_per_value=4, mean_filter_rank=mean_rank)
+    est = footprint(shapes, 4, k, method.params.filter_rank, TARGETS, bytes_per_value=4, mean_filter_rank=mean_rank)
     real_atlas = sum(s.centers.numel() + s.sigma2.numel() + s.centers.shape[1] * int(s.ranks.sum()) + 1 for s in sites)
     assert est["atlas_params"] == pytest.approx(real_atlas)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

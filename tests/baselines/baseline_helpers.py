@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from baselines.common import lora_layers
 from experiments.backbones import load_model
 from experiments.calibration import pair_example, reference_pairs

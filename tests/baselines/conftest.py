@@ -36,8 +36,8 @@ def compose_tiny(backbone: Path, bench: Path, run_root: Path, cache_dir: Path, *
 @pytest.fixture(scope="session")
 def tiny(tiny_backbone_dir, tiny_benchmark_dir, tmp_path_factory) -> Tiny:
     from experiments.backbones import backbone_key, load_backbone
-    from experiments.data.benchmark import build_benchmark
     from experiments.config import eval_config
+    from experiments.data.benchmark import build_benchmark
     from experiments.evaluation.reference_cache import get_reference
     from experiments.job import encode_target
 

@@ -10,9 +10,9 @@ import torch
 
 from experiments import registry
 from experiments.backbones import model_summary
+from experiments.config import train_config
 from experiments.records import RECORD_NAME
 from experiments.train import train
-from tests.conftest import train_config
 from tests.baselines.baseline_helpers import (
     fresh_base,
     logits_of,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from experiments.config import train_config
 from experiments.train import train
-from tests.conftest import train_config
 from tests.baselines.baseline_helpers import prepared
 
 

@@ -9,8 +9,8 @@ import torch
 from baselines.common import lora_layers
 from baselines.dora import dora_effective_weight
 from baselines.lora import LoRA
+from experiments.config import train_config
 from experiments.train import train
-from tests.conftest import train_config
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,

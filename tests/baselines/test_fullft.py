@@ -11,7 +11,7 @@ from baselines.fullft import WEIGHTS_FILE, FullFT, load_fullft_export
 from experiments.activations import target_linears
 from experiments.methods import MethodConfigError
 from experiments.train import train
-from tests.conftest import train_config
+from experiments.config import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, target_batch
 from experiments.registry import build
 

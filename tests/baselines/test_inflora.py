@@ -12,7 +12,7 @@ from baselines.inflora import complement_down_projection
 from experiments.activations import collect_inputs, discover_sites
 from experiments.methods import MethodConfigError
 from experiments.train import train
-from tests.conftest import train_config
+from experiments.config import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
 from experiments.registry import build
 

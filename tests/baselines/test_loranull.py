@@ -12,13 +12,13 @@ import torch
 
 from baselines.common import lora_delta, lora_layers
 from baselines.lora import LoRA
-from experiments.calibration import pair_example, reference_pairs, target_examples
 from baselines.loranull import null_factors, null_space_basis
 from experiments.activations import collect_inputs, discover_sites, second_moment_basis
+from experiments.calibration import pair_example, reference_pairs, target_examples
+from experiments.config import train_config
 from experiments.methods import MethodConfigError
-from experiments.train import train
-from tests.conftest import train_config
 from experiments.registry import build
+from experiments.train import train
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from baselines.common import lora_layers
-from experiments.calibration import pair_example, reference_pairs
 from baselines.olora import orthogonality_penalty
 from experiments.activations import collect_inputs, discover_sites
+from experiments.calibration import pair_example, reference_pairs
 from experiments.methods import MethodConfigError
-from tests.baselines.baseline_helpers import prepared, randomize_lora_b, target_batch
 from experiments.registry import build
+from tests.baselines.baseline_helpers import prepared, randomize_lora_b, target_batch
 
 
 def test_penalty_on_hand_built_matrices():

@@ -67,7 +67,7 @@ def test_adapter_spans_the_principal_right_singular_subspace(tiny, tmp_path):
 
 def test_randomized_svd_is_seeded_by_the_run_and_close_to_the_principal_components(tiny, tmp_path):
     first, method, _ = prepared(tiny, "pissa", tmp_path / "a", svd_niter=4)
-    assert method.init_lora_weights == "pissa_niter_4" == first.peft_config["default"].init_lora_weights
+    assert method.peft_init()["init_lora_weights"] == "pissa_niter_4" == first.peft_config["default"].init_lora_weights
     torch.manual_seed(123)  # the draws come from the run's seed, not from the global RNG state
     second, _, _ = prepared(tiny, "pissa", tmp_path / "b", svd_niter=4)
     a, b = dict(first.named_parameters()), dict(second.named_parameters())

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.calibration import pair_example, reference_pairs
 from baselines.replay import replay_count
+from experiments.calibration import pair_example, reference_pairs
 from experiments.methods import MethodConfigError
 from experiments.prompts import gold_response
-from tests.baselines.baseline_helpers import prepared
 from experiments.registry import build
+from tests.baselines.baseline_helpers import prepared
 
 
 def key(example):

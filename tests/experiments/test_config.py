@@ -4,8 +4,8 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments.backbones import BackboneError
 from experiments import registry
+from experiments.backbones import BackboneError
 from experiments.config import ConfigError, validate_config
 from experiments.data.benchmark import build_benchmark
 from experiments.data.loaders import DataError
@@ -169,18 +169,45 @@ def test_unknown_method_hyperparameter_lists_allowed():
 
 
 @pytest.mark.parametrize("group,schema", [("backbone", "BackboneConfig"), ("train", "TrainConfig"), ("eval", "EvalConfig")])
-def test_every_schema_key_is_listed_in_the_group_yaml(group, schema):
-    """So `group.key=value` works on the command line for every key (no `+` needed)."""
+def test_every_value_is_written_once(group, schema):
+    """The schema declares types only (every field MISSING); each YAML of the group, with the same-group files its
+    `defaults` list names, sets every key (so `group.key=value` works without `+`), and a file that starts from
+    another writes only the values it changes."""
+    from dataclasses import MISSING as NO_DEFAULT
     from dataclasses import fields
 
+    from omegaconf import MISSING, OmegaConf
+
     import experiments.config as C
-    from omegaconf import OmegaConf
 
     cls = getattr(C, schema)
+    names = {f.name for f in fields(cls)}
+    assert all(f.default == MISSING and f.default_factory is NO_DEFAULT for f in fields(cls)), schema
+
+    def composed(path):
+        raw = OmegaConf.to_container(OmegaConf.load(path))
+        out = {}
+        for parent in raw.pop("defaults", []):
+            if isinstance(parent, str) and parent != "_self_":
+                inherited = composed(path.parent / f"{parent}.yaml")
+                repeated = {k for k, v in raw.items() if k in inherited and inherited[k] == v}
+                assert not repeated, f"{path.name} repeats {parent}.yaml's values of {sorted(repeated)}"
+                out.update(inherited)
+        return {**out, **{k: v for k, v in raw.items() if not isinstance(v, dict) or k != "defaults"}}
+
     for path in sorted((REPO / "conf" / group).glob("*.yaml")):
-        listed = set(OmegaConf.load(path)) - {"defaults"}
-        missing = {f.name for f in fields(cls)} - listed
+        missing = names - set(composed(path))
         assert not missing, f"{path.name} lacks {sorted(missing)}"
+
+
+def test_train_defaults_are_written_in_one_place():
+    """Each training default has one home, conf/train/default.yaml: not the schema, not `train()`'s signature."""
+    import inspect
+
+    from experiments.train import train
+
+    params = inspect.signature(train).parameters
+    assert "cfg" in params and not ({"steps", "lr", "warmup_steps", "scheduler", "log_every"} & set(params))
 
 
 def test_any_eval_key_overrides_without_plus():

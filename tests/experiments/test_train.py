@@ -8,11 +8,18 @@ import pytest
 
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
+from experiments.config import train_config
 from experiments.methods import RunContext
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.registry import build
-from experiments.train import DataStream, Preempted, checkpoint_paths, seed_everything, train
-from tests.conftest import backbone_config, tiny_code, train_config
+from experiments.train import (
+    DataStream,
+    Preempted,
+    checkpoint_paths,
+    seed_everything,
+    train,
+)
+from tests.conftest import backbone_config, tiny_code
 
 
 def setup(backbone_dir, run_dir: Path, method=None):

@@ -4,7 +4,12 @@ from omegaconf import OmegaConf
 from test_reference_cache import fake_benchmark
 
 import experiments.evaluation.evaluate as ev
-from experiments.evaluation.config import CACHE_ENV, EvalConfig, as_eval_config, resolve_cache_dir
+from experiments.evaluation.config import (
+    CACHE_ENV,
+    EvalConfig,
+    as_eval_config,
+    resolve_cache_dir,
+)
 from experiments.evaluation.generation import GenerationOutput
 from experiments.evaluation.retained_kl import model_kl
 
@@ -27,7 +32,7 @@ def _cfg(tmp_path, **kw):
                 max_new_tokens_code=8, generation_batch_size=4, scoring_batch_size=4,
                 logprob_dtype="float32", sandbox_timeout_s=5.0, sandbox_workers=2)
     base.update(kw)
-    return EvalConfig(**base)
+    return EvalConfig.from_group(**base)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +157,7 @@ def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):
 ])
 def test_config_validation_names_key_value_and_allowed(key, value, allowed):
     with pytest.raises(ValueError) as err:
-        EvalConfig(**{key: value}).validate()
+        EvalConfig.from_group(**{key: value}).validate()
     msg = str(err.value)
     expected_key = "n_samples" if key == "pass_k" else key
     assert expected_key in msg and allowed in msg
@@ -161,7 +166,7 @@ def test_config_validation_names_key_value_and_allowed(key, value, allowed):
 
 
 def test_config_is_a_structured_config_and_cache_dir_resolves(monkeypatch, tmp_path):
-    node = OmegaConf.structured(EvalConfig)
+    node = OmegaConf.merge(OmegaConf.structured(EvalConfig), EvalConfig.from_group().__dict__)
     node.pass_k = [1, 4]
     node.n_samples = 4
     cfg = as_eval_config(node).validate()

@@ -44,7 +44,7 @@ def _cfg(tmp_path, **kw):
     base = dict(cache_dir=str(tmp_path / "cache"), max_new_tokens_math=8, max_new_tokens_choice=4,
                 generation_batch_size=2, scoring_batch_size=3, logprob_dtype="float32")
     base.update(kw)
-    return EvalConfig(**base).validate()
+    return EvalConfig.from_group(**base).validate()
 
 
 @pytest.fixture(scope="module")
