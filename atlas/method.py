@@ -14,7 +14,7 @@ from atlas.atlas import SiteAtlas, build_site_atlas, load_atlas, random_site_atl
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
-from experiments.methods import AdapterParams, Method, RunContext, is_int, require
+from experiments.methods import AdapterParams, Method, RunContext, SiteStatisticsParams, is_int, require
 
 log = logging.getLogger("suite.atlas")
 
@@ -24,8 +24,8 @@ ADAPTER_FILE = "adapter.safetensors"
 
 
 @dataclass(kw_only=True)
-class ATLASParams(AdapterParams):
-    """ATLAS's hyperparameters (docs/method.md): the residual's rank and alpha (s = alpha / r), the atlas
+class ATLASParams(AdapterParams, SiteStatisticsParams):
+    """ATLAS's hyperparameters (METHOD.md): the residual's rank and alpha (s = alpha / r), the atlas
     (`num_centers` K per site from `max_tokens` calibration tokens, filters keeping `filter_energy` of the
     energy up to `filter_rank` directions), the gate (`gate_quantile` q, `gate_temperature` T), the center
     assignment (`assign` hard | soft at `assign_temperature`), the ablation switches (`use_gate`,
@@ -34,7 +34,6 @@ class ATLASParams(AdapterParams):
     rank: int
     alpha: float
     num_centers: int
-    max_tokens: int
     filter_energy: float
     filter_rank: int
     gate_quantile: float
@@ -45,15 +44,13 @@ class ATLASParams(AdapterParams):
     use_filter: bool
     source: str
     atlas_seed: Optional[int]
-    calibration_batch_size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require("rank", self.rank, is_int(self.rank) and self.rank > 0, "an integer > 0")
         require("alpha", self.alpha, self.alpha > 0, "> 0")
         require("num_centers", self.num_centers, is_int(self.num_centers) and self.num_centers >= 1, "an integer >= 1")
-        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens >= self.num_centers,
-                "an integer >= num_centers")
+        require("max_tokens", self.max_tokens, self.max_tokens >= self.num_centers, "an integer >= num_centers")
         require("filter_energy", self.filter_energy, 0.0 < self.filter_energy <= 1.0, "in (0, 1]")
         require("filter_rank", self.filter_rank, is_int(self.filter_rank) and self.filter_rank >= 1, "an integer >= 1")
         require("gate_quantile", self.gate_quantile, 0.0 < self.gate_quantile < 1.0, "in (0, 1)")
@@ -64,12 +61,10 @@ class ATLASParams(AdapterParams):
         require("use_filter", self.use_filter, isinstance(self.use_filter, bool), "true or false")
         require("source", self.source, self.source in SOURCES, f"one of {list(SOURCES)}")
         require("atlas_seed", self.atlas_seed, self.atlas_seed is None or is_int(self.atlas_seed), "null or an integer")
-        require("calibration_batch_size", self.calibration_batch_size,
-                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
 
 
 class ATLAS(Method):
-    """Input-conditioned plasticity from a retained-domain activation atlas (docs/method.md).
+    """Input-conditioned plasticity from a retained-domain activation atlas (METHOD.md).
 
     Knobs: residual scale (post-hoc `scale`), `gate_temperature`, `gate_quantile`, training steps.
     Ablations are switches: `num_centers=1` (global), `use_filter=false`, `use_gate=false`,

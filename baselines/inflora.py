@@ -31,7 +31,7 @@ from baselines.common import lora_layers, site_inputs
 from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
 from experiments.calibration import calibration_pairs, pair_example, target_examples
-from experiments.methods import RunContext, is_int, require
+from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 SUBSPACE_FILE = "inflora_subspaces.safetensors"
 
@@ -64,24 +64,19 @@ def complement_down_projection(retained: torch.Tensor, target: torch.Tensor, eps
 
 
 @dataclass(kw_only=True)
-class InfLoRAParams(LoRAParams):
+class InfLoRAParams(LoRAParams, SiteStatisticsParams):
     """LoRA's, plus the retained energy threshold `epsilon`, the calibration tokens per site (`max_tokens`)
     and the target sequences the down-projection is fitted on (`max_target_sequences`, null = all)."""
 
     epsilon: float
-    max_tokens: int
     max_target_sequences: Optional[int]
-    calibration_batch_size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require("epsilon", self.epsilon, 0.0 < self.epsilon < 1.0, "in (0, 1); the paper's range is 0.9 ... 0.99")
-        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
         require("max_target_sequences", self.max_target_sequences,
                 self.max_target_sequences is None or (is_int(self.max_target_sequences) and self.max_target_sequences > 0),
                 "null (all) or an integer > 0")
-        require("calibration_batch_size", self.calibration_batch_size,
-                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
 
 
 class InfLoRA(LoRA):

@@ -43,7 +43,7 @@ import torch
 from baselines.common import ResidualLoRA, adapter_bytes, lora_layers, set_residual_init, site_inputs
 from baselines.lora import LoRAParams
 from experiments.calibration import calibration_pairs, pair_example
-from experiments.methods import RunContext, is_int, require
+from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 INIT_FILE = "loranull_init.safetensors"
 
@@ -76,21 +76,16 @@ def null_factors(weight: torch.Tensor, null_basis: torch.Tensor, rank: int,
 
 
 @dataclass(kw_only=True)
-class LoRANullParams(LoRAParams):
+class LoRANullParams(LoRAParams, SiteStatisticsParams):
     """LoRA's, plus the null-space dimension per site (`null_dim`, null = rank) and the calibration tokens
     per site (`max_tokens`)."""
 
     null_dim: Optional[int]
-    max_tokens: int
-    calibration_batch_size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require("null_dim", self.null_dim, self.null_dim is None or (is_int(self.null_dim) and self.null_dim >= self.rank),
                 f"null (= rank) or an integer >= rank ({self.rank})")
-        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
-        require("calibration_batch_size", self.calibration_batch_size,
-                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
 
 
 class LoRANull(ResidualLoRA):

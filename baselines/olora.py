@@ -28,7 +28,7 @@ from baselines.common import lora_layers, site_inputs
 from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
 from experiments.calibration import calibration_pairs, pair_example
-from experiments.methods import RunContext, is_int, require
+from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 BASIS_FILE = "olora_basis.safetensors"
 
@@ -39,15 +39,13 @@ def orthogonality_penalty(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) ->
 
 
 @dataclass(kw_only=True)
-class OLoRAParams(LoRAParams):
+class OLoRAParams(LoRAParams, SiteStatisticsParams):
     """LoRA's, plus the penalty weights lambda1 (orthogonality) and lambda2 (squared norm), the rows of
     A_prev per site (`prev_rank`, null = rank) and the calibration tokens per site (`max_tokens`)."""
 
     lambda1: float
     lambda2: float
     prev_rank: Optional[int]
-    max_tokens: int
-    calibration_batch_size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,9 +53,6 @@ class OLoRAParams(LoRAParams):
         require("lambda2", self.lambda2, self.lambda2 >= 0, ">= 0")
         require("prev_rank", self.prev_rank, self.prev_rank is None or (is_int(self.prev_rank) and self.prev_rank > 0),
                 "null (= rank) or an integer > 0")
-        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
-        require("calibration_batch_size", self.calibration_batch_size,
-                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
 
 
 class OLoRA(LoRA):

@@ -76,6 +76,21 @@ class AdapterParams(MethodParams):
             self.target_modules = list(self.target_modules)
 
 
+@dataclass(kw_only=True)
+class SiteStatisticsParams(MethodParams):
+    """A method that fits statistics on the inputs of the adapted modules: calibration tokens per site
+    (`max_tokens`, a seeded subsample) and sequences per forward pass (`calibration_batch_size`)."""
+
+    max_tokens: int
+    calibration_batch_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require("max_tokens", self.max_tokens, is_int(self.max_tokens) and self.max_tokens > 0, "an integer > 0")
+        require("calibration_batch_size", self.calibration_batch_size,
+                is_int(self.calibration_batch_size) and self.calibration_batch_size > 0, "an integer > 0")
+
+
 @dataclass
 class RunContext:
     """What hooks may read, resolved once from the run's config (methods never read the raw config).

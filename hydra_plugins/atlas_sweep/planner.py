@@ -1,5 +1,8 @@
 """Re-runnable sweeps: skip complete runs before launching, snapshot the code, summarise the outcome.
 
+(No `from __future__ import annotations` here: Hydra imports every module of `hydra_plugins` outside
+`sys.modules` when it scans for plugins, and dataclasses cannot resolve string annotations then.)
+
 Two Hydra launchers (hydra_plugins/atlas_sweep/launchers.py; Hydra loads launchers only from the
 `hydra_plugins` package) share this logic:
 
@@ -20,7 +23,6 @@ holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs
     python -m hydra_plugins.atlas_sweep.planner summary runs/.sweeps/20260101-120000-1234   # summarise again, now
 """
 
-from __future__ import annotations
 
 import json
 import os

@@ -98,7 +98,7 @@ def test_rank_must_be_positive():
         validate_config(composed("method.rank=0"))
     with pytest.raises(MethodConfigError, match=r"method.rank=-2 is not allowed: an integer > 0"):
         registry.build("lora", rank=-2)
-    with pytest.raises(MethodConfigError, match=r"method.alpha: no value"):
+    with pytest.raises(MethodConfigError, match=r"method.target_modules: no value"):
         build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rank": 2})
 
 

@@ -4,6 +4,7 @@ from omegaconf import OmegaConf
 
 from experiments.config import LoggerConfig
 from experiments.logger import NullLogger, flatten, make_logger
+from tests.conftest import REPO
 
 
 def test_flatten_nests_with_slashes():
@@ -11,13 +12,13 @@ def test_flatten_nests_with_slashes():
 
 
 def test_none_logger():
-    cfg = OmegaConf.structured(LoggerConfig)
+    cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), {"kind": "none"})
     assert isinstance(make_logger(cfg, "abc", None, {}, "x"), NullLogger)
 
 
 def test_wandb_offline_uses_run_id_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), {"kind": "wandb", "mode": "offline"})
+    cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), OmegaConf.load(REPO / "conf/logger/wandb.yaml"), {"mode": "offline"})
     for attempt in range(2):  # the second init is a requeued job continuing the same run
         logger = make_logger(cfg, "0123456789abcdef", tmp_path, {"seed": 0}, "lora-micro")
         assert logger.run.id == "0123456789abcdef"
