@@ -9,8 +9,7 @@ import pandas as pd
 
 from analysis import matched as MT
 from analysis import methods as M
-from analysis import pareto as P
-from analysis import schema
+from analysis import pareto, schema
 from analysis.stats import summarize
 
 
@@ -48,7 +47,7 @@ def answer_columns(runs: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     rewritten answers, per choice domain the share of flipped choices, and per domain the accuracy
     change adapted - base (shown in percent and percentage points)."""
     out = []
-    for dom in P.domains(runs):
+    for dom in pareto.domains(runs):
         pre = f"retained/{dom}/"
         if pre + "answer_change_rate" in runs.columns:
             out.append((pre + "answer_change_rate", f"{dom}: answers changed (%)", "min", "%"))
@@ -76,7 +75,7 @@ def analyze(
     if not 0 <= primary < len(lv):
         raise ValueError(f"primary level index {primary} is outside 0..{len(lv) - 1}")
     runs = runs.copy()
-    doms = P.domains(runs)
+    doms = pareto.domains(runs)
     for dom in doms:
         pre = f"retained/{dom}/"
         if pre + "adapted_accuracy" in runs.columns and pre + "base_accuracy" in runs.columns:
@@ -94,7 +93,7 @@ def analyze(
 
     frames = []
     for dom in ["mean", *doms]:
-        pts = P.sweep_points(runs, P.kl_column(dom), confidence=confidence)
+        pts = pareto.sweep_points(runs, pareto.kl_column(dom), confidence=confidence)
         pts.insert(0, "domain", dom)
         frames.append(pts)
     points = pd.concat(frames, ignore_index=True)
@@ -106,7 +105,7 @@ def analyze(
 
     dseeds, dsums = [], []
     for dom in doms:
-        ds = MT.per_seed_matched(runs, [lv[primary]], P.kl_column(dom), interpolate, trained)
+        ds = MT.per_seed_matched(runs, [lv[primary]], pareto.kl_column(dom), interpolate, trained)
         dsum = MT.summarize_matched(ds, confidence)
         ds.insert(0, "domain", dom)
         dsum.insert(0, "domain", dom)

@@ -16,11 +16,10 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
-from analysis import figures as F
+from analysis import figures as figure_render
 from analysis import matched as MT
 from analysis import methods as M
-from analysis import pareto as P
-from analysis import render
+from analysis import pareto, render
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect
 from analysis.tables import all_tables, group_label
@@ -82,7 +81,7 @@ def warnings_of(a: Analysis) -> list[str]:
     runs = a.runs
     if runs.empty:
         return out
-    seeds = P.per_seed(runs, [])
+    seeds = pareto.per_seed(runs, [])
     multi = seeds[seeds["n_runs"] > 1]
     for _, r in multi.iterrows():
         out.append(f"{r['method']} on {group_label(r['backbone'], r['benchmark'])}, sweep point {r['sweep_key']}, "
@@ -238,7 +237,7 @@ def write_report(
         written.append(_csv(df, folder / "data" / name))
         data_files.append(f"data/{name}")
 
-    rendered, missing = F.render_all(a, folder / "figures")
+    rendered, missing = figure_render.render_all(a, folder / "figures")
     figures = []
     for spec, paths in rendered:
         written += paths

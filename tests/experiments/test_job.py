@@ -100,3 +100,7 @@ def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
     assert rec["status"] == "failed"
     assert rec["error"]["type"] == "RuntimeError" and rec["error"]["message"] == "boom at step 2"
     assert "Traceback" in rec["error"]["traceback"] and "after_step" in rec["error"]["traceback"]
+    # the run's log file holds the lines it printed and the traceback
+    log = next((tmp_path / "runs").glob("*/run.log")).read_text()
+    assert "[run] " in log and "lora on micro/micro" in log and "[run] failed: RuntimeError: boom at step 2" in log
+    assert "Traceback" in log and "[run] failed" not in proc.stdout  # the traceback goes to the file, not twice to the console

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from hydra import compose, initialize_config_dir
 
+from experiments import registry
 from experiments.config import validate_config
 from experiments.job import run_id_for
 from tests.conftest import REPO, run_cli
@@ -15,8 +16,9 @@ from tests.conftest import REPO, run_cli
 CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 POINTS = sorted(p.stem for p in (CONF / "point").glob("*.yaml"))
-SEVEN = ("lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
-ABLATIONS = ("atlas", "atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_random", "atlas_target")
+# The method registry's groups (conf/method/*.yaml `display.group`).
+SEVEN = tuple(registry.trained_methods("baseline"))
+ABLATIONS = tuple(registry.trained_methods("reference", "ablation"))
 FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
@@ -25,7 +27,7 @@ EXPECTED_JOBS = {
     "micro_extended": 14,
 }
 SEEDS = {"micro_extended": (0,)}
-EXTENDED = ("milora", "pissa", "dora", "loranull", "fullft")
+EXTENDED = tuple(registry.trained_methods("extended"))
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
