@@ -15,7 +15,8 @@ import torch
 
 from baselines.lora import LoRA
 from experiments.activations import Site, collect_inputs, discover_sites
-from experiments.methods import RunContext
+from experiments.calibration import calibration_pairs, pair_example
+from experiments.methods import RunContext, SiteStatisticsParams
 
 PEFT_PREFIX = "base_model.model."
 
@@ -72,17 +73,19 @@ def site_inputs(
     model: torch.nn.Module,
     ctx: RunContext,
     targets: Sequence[str],
-    sequences: Sequence[dict],
-    *,
-    max_tokens: Optional[int],
-    seed: int,
-    batch_size: int,
+    params: SiteStatisticsParams,
+    sequences: Optional[Sequence[dict]] = None,
     sites: Optional[list[Site]] = None,
 ) -> tuple[list[Site], dict[str, torch.Tensor]]:
-    """Sites of the (unwrapped) backbone and each site's (n_tokens, dim) inputs over `sequences`."""
+    """Sites of the (unwrapped) backbone and each site's (n_tokens, dim) inputs over `sequences` (default: the
+    run's retained calibration pairs, prompt + the base's response), `params.max_tokens` of them drawn with the
+    run's seed, `params.calibration_batch_size` sequences per forward pass."""
+    if sequences is None:
+        sequences = [pair_example(pair) for pair in calibration_pairs(ctx)]
     sites = sites or discover_sites(model, targets, probe_ids(ctx))
-    inputs = collect_inputs(model, sites, sequences, pad_id=ctx.tokenizer.pad_token_id, batch_size=batch_size,
-                            max_tokens=max_tokens, seed=seed, device=ctx.device, progress=ctx.progress)
+    inputs = collect_inputs(model, sites, sequences, pad_id=ctx.tokenizer.pad_token_id,
+                            batch_size=params.calibration_batch_size, max_tokens=params.max_tokens, seed=ctx.seed,
+                            device=ctx.device, progress=ctx.progress)
     return sites, inputs
 
 

@@ -30,7 +30,7 @@ import torch
 from baselines.common import lora_layers, site_inputs
 from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
-from experiments.calibration import calibration_pairs, pair_example, target_examples
+from experiments.calibration import target_examples
 from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 SUBSPACE_FILE = "inflora_subspaces.safetensors"
@@ -92,11 +92,8 @@ class InfLoRA(LoRA):
     def build_subspaces(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
         """(`<site>/A` [r, d] and `<site>/M` [d, m] for every site, site -> modules)."""
         p = self.params
-        retained_seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
-        target_seqs = target_examples(ctx, p.max_target_sequences, ctx.seed)
-        kw = dict(max_tokens=p.max_tokens, seed=ctx.seed, batch_size=p.calibration_batch_size)
-        sites, retained = site_inputs(model, ctx, targets, retained_seqs, **kw)
-        _, target = site_inputs(model, ctx, targets, target_seqs, sites=sites, **kw)
+        sites, retained = site_inputs(model, ctx, targets, p)
+        _, target = site_inputs(model, ctx, targets, p, target_examples(ctx, p.max_target_sequences, ctx.seed), sites)
         out = {}
         for site in sites:
             a, m = complement_down_projection(retained[site.name].to(ctx.device), target[site.name].to(ctx.device),

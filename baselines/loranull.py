@@ -42,7 +42,6 @@ import torch
 
 from baselines.common import ResidualLoRA, adapter_bytes, lora_layers, set_residual_init, site_inputs
 from baselines.lora import LoRAParams
-from experiments.calibration import calibration_pairs, pair_example
 from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 INIT_FILE = "loranull_init.safetensors"
@@ -102,9 +101,7 @@ class LoRANull(ResidualLoRA):
         """(`<site>/N` for every site, `<module>/B0` and `<module>/A0` for every adapted module, site -> modules)."""
         p = self.params
         null_dim = p.null_dim or p.rank
-        seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
-        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=p.max_tokens, seed=ctx.seed,
-                                    batch_size=p.calibration_batch_size)
+        sites, inputs = site_inputs(model, ctx, targets, p)
         modules = dict(model.named_modules())
         s = p.alpha / p.rank
         out = {}

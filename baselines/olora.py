@@ -27,7 +27,6 @@ import torch
 from baselines.common import lora_layers, site_inputs
 from baselines.lora import LoRA, LoRAParams
 from experiments.activations import second_moment_basis
-from experiments.calibration import calibration_pairs, pair_example
 from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 BASIS_FILE = "olora_basis.safetensors"
@@ -68,9 +67,7 @@ class OLoRA(LoRA):
     def build_bases(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]):
         """(`<site>/A_prev` rows from the retained calibration inputs of each site, site -> modules)."""
         p = self.params
-        seqs = [pair_example(pair) for pair in calibration_pairs(ctx)]
-        sites, inputs = site_inputs(model, ctx, targets, seqs, max_tokens=p.max_tokens, seed=ctx.seed,
-                                    batch_size=p.calibration_batch_size)
+        sites, inputs = site_inputs(model, ctx, targets, p)
         out = {f"{site.name}/A_prev": second_moment_basis(inputs[site.name].to(ctx.device), 1.0,
                                                           p.prev_rank or p.rank).T
                for site in sites}
