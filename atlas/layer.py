@@ -63,14 +63,18 @@ class AtlasSite(nn.Module):
         self.gate_temperature, self.assign_temperature = gate_temperature, assign_temperature
         self._last: Optional[tuple] = None
 
+    def distances(self, flat: torch.Tensor) -> torch.Tensor:
+        """(n, K) normalised squared distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 of the rows of `flat`, float32."""
+        xf = flat.float()
+        delta_k = torch.addmm(self.dist_bias.float(), xf, self.dist_weight.float())
+        return torch.addcmul(delta_k, xf.square().sum(1, keepdim=True), self.inv_sigma2).clamp_min_(0.0)
+
     def condition(self, x: torch.Tensor):
         if self._last is not None and self._last[0]() is x:
             return self._last[1]
         flat = x.reshape(-1, x.shape[-1])
         n = flat.shape[0]
-        xf = flat.float()
-        delta_k = torch.addmm(self.dist_bias.float(), xf, self.dist_weight.float())
-        delta_k = torch.addcmul(delta_k, xf.square().sum(1, keepdim=True), self.inv_sigma2).clamp_min_(0.0)  # (n, K)
+        delta_k = self.distances(flat)  # (n, K)
         delta, kstar = delta_k.min(1)
         gate = None
         if self.use_gate:

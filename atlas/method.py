@@ -180,6 +180,13 @@ class ATLAS(Method):
         method.load_state_dict(model, state)
         return method
 
+    def diagnostics(self, model: torch.nn.Module, ctx: RunContext) -> dict:
+        """Gate, filter and residual on held-out retained vs target tokens, per site (`atlas.diagnostics`)."""
+        from atlas.diagnostics import conditioning_report
+
+        with self.timed("diagnostics_seconds"):
+            return conditioning_report(model, self.sites, ctx, self.params.filter_rank, seed=ctx.seed)
+
     def scale(self, model: torch.nn.Module, alpha: float) -> None:
         """Multiply the residual scale s by alpha (0 = the base model, 1 = as trained)."""
         for m in model.modules():

@@ -201,6 +201,7 @@ class Job:
             result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
         stored_bytes = method.export(model, self.run_dir / "export")
         model.eval()
+        self.diagnostics = method.diagnostics(model, ctx)  # at scale 1, before any post-hoc scale
 
         costs = {"summary": summary, "stored_bytes": stored_bytes, "result": result}
         scales = records.extra_scales(self.eval_cfg.scales) if method.trains else []
@@ -271,6 +272,7 @@ class Job:
                 **self.method.costs(),
             },
             "timing": timing,
+            **({"diagnostics": self.diagnostics} if self.diagnostics else {}),
             "provenance": records.provenance(self.started),
         }
         records.atomic_write_json(out_dir / records.RECORD_NAME, record)

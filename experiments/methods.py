@@ -272,6 +272,10 @@ class Method:
         """Method-specific costs for the record (e.g. atlas bytes, build seconds); merged into `cost`."""
         return dict(self._costs)
 
+    def diagnostics(self, model: torch.nn.Module, ctx: RunContext) -> dict:
+        """What the method's mechanism did on held-out data, for the record's `diagnostics` (none by default)."""
+        return {}
+
     def describe(self) -> dict:
         """Name and hyperparameters, for the result record."""
         return dataclasses.asdict(self.params)

@@ -9,7 +9,7 @@ import pytest
 from experiments.calibration import labelled_calibration_examples, reference_pairs
 from experiments.config import ConfigError
 from tests.baselines.baseline_helpers import run_context
-from tests.baselines.conftest import compose_tiny
+from tests.conftest import compose_tiny
 
 
 def _protecting(tiny, names):

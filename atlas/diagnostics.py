@@ -1,0 +1,125 @@
+"""Does the conditioning condition? Per site, on held-out retained and target tokens: the gate, the share of
+input energy the filter passes, the residual's size, and how well each signal separates the two (AUROC).
+
+Inputs are the adapted modules' inputs (the site tensors) on the evaluation split of the run's benchmark
+(the dev split in a dev run): retained = each domain's evaluation prompts followed by the base model's own
+responses (the reference cache), target = the code problems' prompts followed by their reference solutions.
+Neither was seen while the atlas was built (it reads the calibration split) or while training.
+
+Per site (the modules reading one tensor share its atlas):
+- `gate_*`: mean g(x) = sigmoid((log delta(x) - log q) / T), delta(x) = min_k ||x - c_k||^2 / sigma_k^2;
+- `filter_pass_*`: mean over tokens of ||Pi(x) x||^2 / ||x||^2, the share of the input's energy the residual
+  reads (Pi removes the assigned cluster's retained directions);
+- `residual_*`: mean over the site's modules and the tokens of ||s g B A Pi x|| / ||W x|| (0 before training);
+- `auroc_delta`, `auroc_filter`, `auroc_residual`: the probability that a random target token scores higher
+  than a random retained one (0.5 = no separation, 1 = perfect), for log delta(x), the filter's pass share
+  and the residual's relative norm;
+- `rank_mean`, `at_cap_share`: the filter ranks of the site's clusters and the share of clusters whose rank
+  is the cap (`filter_rank`): the energy target was not reached there.
+`mean` averages every figure over sites; `layer0` is the first site (the first block's attention input).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from atlas.layer import AtlasLinear, AtlasSite
+from experiments import prompts
+from experiments.activations import Site, collect_inputs
+
+#: Tokens per side (retained, target) per site, a seeded subsample.
+MAX_TOKENS = 4096
+
+
+def auroc(positive: torch.Tensor, negative: torch.Tensor) -> float:
+    """Area under the ROC curve of scores `positive` (target) against `negative` (retained), ties counted
+    half: the Mann-Whitney U statistic over n_pos * n_neg (scikit-learn's roc_auc_score)."""
+    from sklearn.metrics import roc_auc_score
+
+    pos, neg = positive.detach().double().cpu(), negative.detach().double().cpu()
+    if not len(pos) or not len(neg):
+        raise ValueError("AUROC needs scores on both sides")
+    labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))])
+    return float(roc_auc_score(labels.numpy(), torch.cat([pos, neg]).numpy()))
+
+
+@torch.no_grad()
+def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per token of `x` (n, d): log delta, gate, filter pass share and the residual's relative norm."""
+    site.clear()
+    gate, weights, z, kstar = site.condition(x)
+    delta = site.distances(x).min(1).values
+    xf = x.float()
+    energy = xf.square().sum(1).clamp_min(1e-30)
+    if site.use_filter:
+        coords = (xf @ site.filter_cols.float()).view(len(x), site.centers.shape[0], -1)  # (n, K, R): U_k^T x
+        kept = coords[torch.arange(len(x), device=x.device), kstar]  # (n, R): the assigned cluster's
+        passed = (energy - kept.square().sum(1)).clamp_min(0.0) / energy
+    else:
+        passed = torch.ones_like(energy)
+    rel = torch.zeros_like(energy)
+    for m in modules:
+        base = m.base(x)
+        rel += (m(x) - base).float().norm(dim=1) / base.float().norm(dim=1).clamp_min(1e-30)
+    site.clear()
+    return {"log_delta": delta.clamp_min(1e-30).log(), "gate": gate.squeeze(1) if gate is not None else torch.ones_like(energy),
+            "filter_pass": passed, "residual": rel / max(len(modules), 1)}
+
+
+def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch.Tensor, target: torch.Tensor,
+                filter_rank: int) -> dict[str, float]:
+    """The figures of one site (see the module docstring) from its inputs on retained and target tokens."""
+    r, t = site_signals(site, modules, retained), site_signals(site, modules, target)
+    ranks = site.ranks.float()
+    out = {
+        "gate_retained": float(r["gate"].mean()), "gate_target": float(t["gate"].mean()),
+        "filter_pass_retained": float(r["filter_pass"].mean()), "filter_pass_target": float(t["filter_pass"].mean()),
+        "residual_retained": float(r["residual"].mean()), "residual_target": float(t["residual"].mean()),
+        "auroc_delta": auroc(t["log_delta"], r["log_delta"]),
+        "auroc_filter": auroc(t["filter_pass"], r["filter_pass"]),
+        "rank_mean": float(ranks.mean()), "at_cap_share": float((site.ranks >= filter_rank).float().mean()),
+        "n_retained": int(len(retained)), "n_target": int(len(target)),
+    }
+    if float(t["residual"].abs().sum() + r["residual"].abs().sum()) > 0:
+        out["auroc_residual"] = auroc(t["residual"], r["residual"])
+    return out
+
+
+def held_out_sequences(ctx: Any) -> tuple[list[dict], list[dict]]:
+    """(retained, target) encoded sequences of the run's evaluation split (see the module docstring)."""
+    reference = ctx.reference()
+    retained = []
+    for name in sorted(reference.domains):
+        split = reference.domains[name].split("evaluation")
+        for p, r in zip(split.prompt_ids, split.response_ids):
+            retained.append({"input_ids": list(p) + list(r), "labels": [-100] * len(p) + list(r)})
+    target = []
+    for item in ctx.benchmark.target_eval:
+        prompt = prompts.apply_template(ctx.tokenizer, prompts.code_problem_prompt(item), ctx.chat_template)
+        target.append(prompts.encode_pair(ctx.tokenizer, prompt, item.get("canonical_solution") or "", ctx.max_length))
+    if not retained or not target:
+        raise ValueError("diagnostics need retained evaluation responses and target problems")
+    return retained, target
+
+
+def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any, filter_rank: int,
+                        max_tokens: Optional[int] = MAX_TOKENS, seed: int = 0) -> dict:
+    """Every site's figures, their mean over sites, and the first site's (`layer0`)."""
+    retained_seqs, target_seqs = held_out_sequences(ctx)
+    kw = dict(pad_id=ctx.tokenizer.pad_token_id, batch_size=16, max_tokens=max_tokens, seed=seed,
+              device=ctx.device, progress=False)
+    retained = collect_inputs(model, sites, retained_seqs, **kw)
+    target = collect_inputs(model, sites, target_seqs, **kw)
+    named = dict(model.named_modules())
+    per_site = {}
+    for s in sites:
+        modules = [named[n] for n in s.modules]
+        per_site[s.name] = site_report(modules[0].site, modules, retained[s.name].to(ctx.device),
+                                       target[s.name].to(ctx.device), filter_rank)
+    keys = sorted({k for v in per_site.values() for k in v if not k.startswith("n_")})
+    mean = {k: sum(v[k] for v in per_site.values() if k in v) / sum(1 for v in per_site.values() if k in v)
+            for k in keys}
+    return {"sites": per_site, "mean": mean, "layer0": per_site[sites[0].name],
+            "split": getattr(ctx.benchmark, "split", None)}

@@ -1,0 +1,62 @@
+"""Print what an ATLAS run's conditioning did (the record's `diagnostics`, see `atlas.diagnostics`).
+
+    python -m atlas.inspect runs/<run_id>            # one table: every site, then the mean over sites
+    python -m atlas.inspect runs/<run_id> --json     # the diagnostics as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+COLUMNS = (
+    ("gate_retained", "gate R"), ("gate_target", "gate T"), ("auroc_delta", "AUROC delta"),
+    ("filter_pass_retained", "pass R"), ("filter_pass_target", "pass T"), ("auroc_filter", "AUROC pass"),
+    ("residual_retained", "resid R"), ("residual_target", "resid T"), ("auroc_residual", "AUROC resid"),
+    ("rank_mean", "rank"), ("at_cap_share", "at cap"),
+)
+
+
+def table(diagnostics: dict) -> str:
+    """A fixed-width table: one row per site, then `mean` (R = retained tokens, T = target tokens)."""
+    rows = [*diagnostics["sites"].items(), ("mean", diagnostics["mean"])]
+    width = max(len(name) for name, _ in rows)
+    head = f"{'site':<{width}}  " + "  ".join(f"{label:>11}" for _, label in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for name, row in rows:
+        cells = [f"{row[k]:>11.3f}" if k in row else f"{'-':>11}" for k, _ in COLUMNS]
+        lines.append(f"{name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m atlas.inspect", description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a run directory (or its record.json)")
+    ap.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
+    args = ap.parse_args(argv)
+    path = Path(args.run)
+    path = path / "record.json" if path.is_dir() else path
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    diagnostics = record.get("diagnostics")
+    if not diagnostics:
+        print(f"error: {path} holds no ATLAS diagnostics (method {record.get('method')!r}, "
+              f"status {record.get('status')!r})", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(diagnostics, indent=2))
+        return 0
+    print(f"{record['run_id']}: {record['method']} on {record['backbone']}/{record['benchmark']}, seed {record['seed']}; "
+          f"held-out {diagnostics.get('split')} tokens, R = retained, T = target (atlas.diagnostics)")
+    print(table(diagnostics))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

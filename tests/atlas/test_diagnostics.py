@@ -1,0 +1,76 @@
+"""The conditioning diagnostics: AUROC against a hand count, every per-site figure against a hand computation
+on a hand-built atlas, the report of a prepared ATLAS on the tiny setup, and `python -m atlas.inspect`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from atlas.atlas import SiteAtlas
+from atlas.diagnostics import auroc, site_report
+from atlas.inspect import main as inspect_main
+from atlas.layer import AtlasLinear, AtlasSite
+
+
+def test_auroc_counts_pairs_with_ties_half():
+    # pairs target > retained: 0.9 beats 3, 0.8 beats 2 and ties 1, 0.3 beats 1: (3 + 2.5 + 1) / 9
+    assert auroc(torch.tensor([0.9, 0.8, 0.3]), torch.tensor([0.1, 0.4, 0.8])) == pytest.approx(6.5 / 9)
+    assert auroc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0])) == 1.0
+    assert auroc(torch.tensor([0.0]), torch.tensor([1.0])) == 0.0
+    with pytest.raises(ValueError):
+        auroc(torch.tensor([]), torch.tensor([1.0]))
+
+
+def hand_site() -> SiteAtlas:
+    """Two clusters in 3-d at (0,0,0) and (10,0,0), sigma^2 = 1; each keeps direction e1; gate quantile delta = 1;
+    the filter cap is 1 and both clusters use it."""
+    centers = torch.tensor([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
+    filters = torch.zeros(2, 3, 1)
+    filters[:, 0, 0] = 1.0
+    return SiteAtlas(centers, torch.ones(2), filters, torch.tensor([1, 1], dtype=torch.int32), torch.tensor(0.0))
+
+
+def test_site_report_matches_a_hand_computation():
+    site = AtlasSite(hand_site())
+    linear = torch.nn.Linear(3, 2)
+    module = AtlasLinear(linear, site, rank=1, alpha=1.0)
+    retained = torch.tensor([[0.5, 0.0, 0.0], [10.0, 0.5, 0.0]])  # delta 0.25 each; first all along e1
+    target = torch.tensor([[0.0, 3.0, 0.0], [10.0, 0.0, 4.0]])  # delta 9 and 16; all energy off e1 for the first
+    report = site_report(site, [module], retained, target, filter_rank=1)
+    sig = lambda d: 1.0 / (1.0 + math.exp(-math.log(d)))  # noqa: E731  g = sigmoid(log delta - log q), log q = 0
+    assert report["gate_retained"] == pytest.approx((sig(0.25) + sig(0.25)) / 2, rel=1e-5)
+    assert report["gate_target"] == pytest.approx((sig(9.0) + sig(16.0)) / 2, rel=1e-5)
+    # pass share: ||x||^2 minus the part along e1, over ||x||^2
+    assert report["filter_pass_retained"] == pytest.approx((0.0 + 0.25 / 100.25) / 2, rel=1e-5)
+    assert report["filter_pass_target"] == pytest.approx((1.0 + 16.0 / 116.0) / 2, rel=1e-5)
+    assert report["auroc_delta"] == 1.0 and report["auroc_filter"] == 1.0
+    assert report["rank_mean"] == 1.0 and report["at_cap_share"] == 1.0
+    assert report["residual_retained"] == 0.0 and "auroc_residual" not in report  # B = 0: no residual yet
+    with torch.no_grad():
+        module.lora_B.fill_(1.0)
+    trained = site_report(site, [module], retained, target, filter_rank=2)
+    assert trained["residual_target"] > trained["residual_retained"] >= 0.0 and trained["at_cap_share"] == 0.0
+
+
+def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_path, capsys):
+    from tests.baselines.baseline_helpers import prepared
+
+    model, method, ctx = prepared(tiny, "atlas", tmp_path / "run")
+    report = method.diagnostics(model, ctx)
+    assert set(report["sites"]) == {s.name for s in method.sites} and len(report["sites"]) >= 4
+    for row in (report["mean"], report["layer0"]):
+        assert 0.0 <= row["gate_retained"] <= 1.0 and 0.0 <= row["filter_pass_target"] <= 1.0
+        assert 0.0 <= row["auroc_delta"] <= 1.0 and 0.0 <= row["at_cap_share"] <= 1.0
+    assert report["layer0"]["n_retained"] > 0 and report["layer0"]["n_target"] > 0
+    assert method.costs()["diagnostics_seconds"] > 0
+    record = {"run_id": "abc", "method": "atlas", "backbone": "tiny", "benchmark": "tiny", "seed": 0,
+              "diagnostics": report}
+    (tmp_path / "record.json").write_text(json.dumps(record))
+    assert inspect_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "AUROC delta" in out and out.count("\n") >= len(report["sites"]) + 3 and "mean" in out
+    (tmp_path / "record.json").write_text(json.dumps({**record, "diagnostics": None}))
+    assert inspect_main([str(tmp_path)]) == 2
