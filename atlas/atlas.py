@@ -17,6 +17,11 @@ from atlas.kmeans import kmeans, pairwise_sq_dists
 from experiments.activations import second_moment_basis
 
 EPS = 1e-12
+GATE_SIGNALS = ("distance", "subspace")
+#: A cluster's sigma^2 is at least this share of the site's mean squared distance to the nearest center: a
+#: cluster of (nearly) identical calibration inputs, e.g. a template position, would otherwise get sigma^2 ~ 1e-11
+#: and turn any other input assigned to it into an astronomically large distance.
+SIGMA2_FLOOR = 1e-3
 
 
 @dataclass
@@ -42,6 +47,23 @@ class SiteAtlas:
         """(n, K) normalised squared distances ||x - c_k||^2 / sigma_k^2, in float32."""
         return pairwise_sq_dists(x.float(), self.centers.float()) / self.sigma2.float().clamp_min(EPS)
 
+    def pass_share(self, x: torch.Tensor) -> torch.Tensor:
+        """(n,) share of each input's energy outside its nearest center's filter subspace,
+        ||x - U_k* U_k*^T x||^2 / ||x||^2 (float32): what the directional filter passes."""
+        xf = x.float()
+        kstar = self.delta(xf).argmin(1)
+        kept = torch.einsum("nd,ndr->nr", xf, self.filters.float()[kstar])
+        energy = xf.square().sum(1)
+        return (energy - kept.square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
+
+    def gate_signal(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """(n,) the statistic the gate thresholds: `distance` = min_k delta_k(x), `subspace` = `pass_share(x)`."""
+        if kind == "subspace":
+            return self.pass_share(x)
+        if kind == "distance":
+            return self.delta(x).min(1).values
+        raise ValueError(f"gate signal {kind!r}: one of {list(GATE_SIGNALS)}")
+
     def nbytes(self) -> int:
         """Bytes of the stored tensors (filters counted at their true ranks, as they could be stored packed)."""
         per = self.centers.element_size()
@@ -55,8 +77,8 @@ def _radii(x: torch.Tensor, centers: torch.Tensor, assign: torch.Tensor) -> torc
     sums = torch.zeros(k, dtype=x.dtype, device=x.device).index_add_(0, assign, d2)
     counts = torch.bincount(assign, minlength=k).to(x.dtype)
     sigma2 = sums / counts.clamp_min(1)
-    fallback = d2.mean().clamp_min(EPS)  # an empty or single-point cluster borrows the global spread
-    return torch.where((counts > 1) & (sigma2 > EPS), sigma2, fallback)
+    spread = d2.mean().clamp_min(EPS)  # an empty or single-point cluster borrows the global spread
+    return torch.where(counts > 1, sigma2, spread).clamp_min(SIGMA2_FLOOR * spread)
 
 
 def _filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,9 +91,9 @@ def _filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float, max_r
     return filters, torch.tensor([b.shape[1] for b in bases], dtype=torch.int32, device=x.device)
 
 
-def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float) -> torch.Tensor:
-    delta = site.delta(x).min(1).values
-    return torch.quantile(delta.clamp_min(EPS).double(), quantile).log().float()
+def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float, signal: str = "distance") -> torch.Tensor:
+    values = site.gate_signal(x, signal)
+    return torch.quantile(values.clamp_min(EPS).double(), quantile).log().float()
 
 
 def build_site_atlas(
@@ -82,6 +104,7 @@ def build_site_atlas(
     gate_quantile: float,
     seed: int,
     dtype: Optional[torch.dtype] = None,
+    gate_signal: str = "distance",
 ) -> SiteAtlas:
     """The atlas of one site from its (n, d) calibration inputs (k-means++, radii, filters, gate quantile)."""
     x = x.float()
@@ -89,11 +112,12 @@ def build_site_atlas(
     sigma2 = _radii(x, centers, assign)
     filters, ranks = _filters(x, assign, centers.shape[0], filter_energy, filter_rank)
     site = SiteAtlas(centers, sigma2, filters, ranks, torch.tensor(0.0, device=x.device))
-    site.log_q = _gate_log_q(site, x, gate_quantile)
+    site.log_q = _gate_log_q(site, x, gate_quantile, gate_signal)
     return cast(site, dtype) if dtype is not None else site
 
 
-def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: float, seed: int) -> SiteAtlas:
+def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: float, seed: int,
+                      gate_signal: str = "distance") -> SiteAtlas:
     """Control: random centers (matching the real centers' norms) and random orthonormal filters of the
     same ranks; radii and gate quantile calibrated on the same inputs, so only the geometry is random."""
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +135,7 @@ def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: floa
             q, _ = torch.linalg.qr(torch.randn(d, r, generator=g).to(x.device))
             filters[j, :, :r] = q
     site = SiteAtlas(centers, sigma2, filters, reference.ranks.clone(), torch.tensor(0.0, device=x.device))
-    site.log_q = _gate_log_q(site, x, gate_quantile)
+    site.log_q = _gate_log_q(site, x, gate_quantile, gate_signal)
     return cast(site, reference.centers.dtype)
 
 

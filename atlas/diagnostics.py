@@ -11,9 +11,9 @@ Per site (the modules reading one tensor share its atlas):
 - `filter_pass_*`: mean over tokens of ||Pi(x) x||^2 / ||x||^2, the share of the input's energy the residual
   reads (Pi removes the assigned cluster's retained directions);
 - `residual_*`: mean over the site's modules and the tokens of ||s g B A Pi x|| / ||W x|| (0 before training);
-- `auroc_delta`, `auroc_filter`, `auroc_residual`: the probability that a random target token scores higher
-  than a random retained one (0.5 = no separation, 1 = perfect), for log delta(x), the filter's pass share
-  and the residual's relative norm;
+- `auroc_gate`, `auroc_delta`, `auroc_filter`, `auroc_residual`: the probability that a random target token
+  scores higher than a random retained one (0.5 = no separation, 1 = perfect), for the gate (whatever its
+  `gate_signal`), log delta(x), the filter's pass share and the residual's relative norm;
 - `rank_mean`, `at_cap_share`: the filter ranks of the site's clusters and the share of clusters whose rank
   is the cap (`filter_rank`): the energy target was not reached there.
 `mean` averages every figure over sites; `layer0` is the first site (the first block's attention input).
@@ -77,6 +77,7 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
         "gate_retained": float(r["gate"].mean()), "gate_target": float(t["gate"].mean()),
         "filter_pass_retained": float(r["filter_pass"].mean()), "filter_pass_target": float(t["filter_pass"].mean()),
         "residual_retained": float(r["residual"].mean()), "residual_target": float(t["residual"].mean()),
+        "auroc_gate": auroc(t["gate"], r["gate"]) if site.use_gate and site.conditioning else 0.5,
         "auroc_delta": auroc(t["log_delta"], r["log_delta"]),
         "auroc_filter": auroc(t["filter_pass"], r["filter_pass"]),
         "rank_mean": float(ranks.mean()), "at_cap_share": float((site.ranks >= filter_rank).float().mean()),

@@ -10,9 +10,11 @@ import torch
 
 
 def pairwise_sq_dists(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """(n, k) squared Euclidean distances via the expansion |x|^2 - 2 x.c + |c|^2 (one matmul), clamped at 0."""
-    d = x.square().sum(-1, keepdim=True) - 2.0 * x @ c.T + c.square().sum(-1)
-    return d.clamp_min_(0.0)
+    """(n, k) squared Euclidean distances ||x_i - c_j||^2 from the differences themselves (torch.cdist without
+    its matmul expansion): |x|^2 - 2 x.c + |c|^2 cancels catastrophically when a point is close to a center
+    far from the origin (activations of always-identical template positions), and no memory of n x k x d is
+    needed either way."""
+    return torch.cdist(x, c, compute_mode="donot_use_mm_for_euclid_dist").square()
 
 
 def kmeans_plus_plus(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:

@@ -5,9 +5,9 @@ layers add s B A x for every input. With gate and filter disabled this layer is 
 (same init, same outputs, same gradients; a test checks it against peft).
 
 How it is computed (METHOD.md section 2). Per site (the modules reading one tensor share it):
-- all normalised distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 from one float32 matmul, the
-  x.c expansion with 1/sigma_k^2 folded into the centers:
-  |x|^2 / sigma_k^2 + x . (-2 c_k / sigma_k^2) + |c_k|^2 / sigma_k^2, clamped at 0;
+- all normalised distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 in float32 from the differences
+  (torch.cdist without the |x|^2 - 2 x.c + |c|^2 expansion, which cancels catastrophically for tight
+  clusters far from the origin: a float64 test covers degenerate and near-degenerate clusters);
 - all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
   times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
   z = (w_k U_k^T x)_k, flattened to (n, K R).
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from atlas.atlas import EPS, SiteAtlas
+from atlas.kmeans import pairwise_sq_dists
 
 
 class AtlasSite(nn.Module):
@@ -43,7 +44,8 @@ class AtlasSite(nn.Module):
     """
 
     def __init__(self, site: SiteAtlas, assign: str = "hard", gate_temperature: float = 1.0,
-                 assign_temperature: float = 1.0, use_gate: bool = True, use_filter: bool = True) -> None:
+                 assign_temperature: float = 1.0, use_gate: bool = True, use_filter: bool = True,
+                 gate_signal: str = "distance", conditioning: float = 1.0) -> None:
         super().__init__()
         self.register_buffer("centers", site.centers.clone())
         self.register_buffer("inv_sigma2", 1.0 / site.sigma2.float().clamp_min(EPS))
@@ -52,22 +54,18 @@ class AtlasSite(nn.Module):
         self.register_buffer("log_q", site.log_q.float().clone().reshape(()))
         # Layouts derived from the atlas for the one-matmul forms above (not part of the state dict).
         k, d = site.centers.shape
-        centers = site.centers.float()
-        self.register_buffer("dist_weight", (centers * (-2.0 * self.inv_sigma2)[:, None]).T.contiguous(),
-                             persistent=False)  # (d, K)
-        self.register_buffer("dist_bias", centers.square().sum(1) * self.inv_sigma2, persistent=False)  # (K,)
         self.register_buffer("filter_cols", site.filters.permute(1, 0, 2).reshape(d, -1).contiguous(),
                              persistent=False)  # (d, K R): column k * R + j is U_k[:, j]
         self.register_buffer("center_ids", torch.arange(k, device=site.centers.device), persistent=False)
         self.assign, self.use_gate, self.use_filter = assign, use_gate, use_filter
         self.gate_temperature, self.assign_temperature = gate_temperature, assign_temperature
+        self.gate_signal, self.conditioning = gate_signal, float(conditioning)
         self._last: Optional[tuple] = None
 
     def distances(self, flat: torch.Tensor) -> torch.Tensor:
-        """(n, K) normalised squared distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 of the rows of `flat`, float32."""
-        xf = flat.float()
-        delta_k = torch.addmm(self.dist_bias.float(), xf, self.dist_weight.float())
-        return torch.addcmul(delta_k, xf.square().sum(1, keepdim=True), self.inv_sigma2).clamp_min_(0.0)
+        """(n, K) normalised squared distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 of the rows of `flat`, float32,
+        from the differences (`atlas.kmeans.pairwise_sq_dists`: no expansion that cancels)."""
+        return pairwise_sq_dists(flat.float(), self.centers.float()) * self.inv_sigma2
 
     def condition(self, x: torch.Tensor):
         if self._last is not None and self._last[0]() is x:
@@ -76,20 +74,32 @@ class AtlasSite(nn.Module):
         n = flat.shape[0]
         delta_k = self.distances(flat)  # (n, K)
         delta, kstar = delta_k.min(1)
-        gate = None
-        if self.use_gate:
-            logit = delta.clamp_min(EPS).log() - self.log_q
+        lam = self.conditioning
+        gate = weights = z = None
+        coords = None
+        if lam != 0.0 and (self.use_filter or (self.use_gate and self.gate_signal == "subspace")):
+            coords = flat @ self.filter_cols.to(flat.dtype)  # (n, K R): U_k^T x for every k
+        if lam != 0.0 and self.use_gate:
+            if self.gate_signal == "subspace":  # the share of x's energy outside its nearest center's filter
+                kept = coords.view(n, self.centers.shape[0], -1)[torch.arange(n, device=flat.device), kstar].float()
+                energy = flat.float().square().sum(1)
+                signal = (energy - kept.square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
+            else:
+                signal = delta
+            logit = signal.clamp_min(EPS).log() - self.log_q
             if self.gate_temperature != 1.0:
                 logit = logit / self.gate_temperature
             gate = torch.sigmoid(logit).unsqueeze(1)
-        weights = z = None
-        if self.use_filter:
+            if lam != 1.0:  # the conditioning knob: 1 - lam + lam g, from no gate (0) to the full gate (1)
+                gate = torch.lerp(torch.ones_like(gate), gate, lam)
+        if lam != 0.0 and self.use_filter:
             if self.assign == "soft":
                 weights = torch.softmax(-delta_k / self.assign_temperature, dim=1)
             else:
                 weights = kstar.unsqueeze(1) == self.center_ids
-            coords = flat @ self.filter_cols.to(flat.dtype)  # (n, K R): U_k^T x for every k
             z = (coords.view(n, weights.shape[1], -1) * weights.unsqueeze(2)).view(n, -1)
+            if lam != 1.0:  # A Pi_lam x = A x - lam (A U) z: from no filter (0) to the full filter (1)
+                z = z * lam
         out = (gate, weights, z, kstar)
         self._last = (weakref.ref(x), out)
         return out

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from atlas.atlas import SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
+from atlas.atlas import GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
@@ -25,9 +25,11 @@ ADAPTER_FILE = "adapter.safetensors"
 
 @dataclass(kw_only=True)
 class ATLASParams(AdapterParams, SiteStatisticsParams):
-    """ATLAS's hyperparameters (METHOD.md): the residual's rank and alpha (s = alpha / r), the atlas
+    """ATLAS's hyperparameters (docs/method.md): the residual's rank and alpha (s = alpha / r), the atlas
     (`num_centers` K per site from `max_tokens` calibration tokens, filters keeping `filter_energy` of the
-    energy up to `filter_rank` directions), the gate (`gate_quantile` q, `gate_temperature` T), the center
+    energy up to `filter_rank` directions), the gate (the statistic `gate_signal`, its calibration quantile
+    `gate_quantile` q, `gate_temperature` T), how much the atlas conditions (`conditioning`: 0 = plain LoRA,
+    1 = full gate and filter), the center
     assignment (`assign` hard | soft at `assign_temperature`), the ablation switches (`use_gate`,
     `use_filter`, `source` retained | target | random) and the atlas seed (null = the run's)."""
 
@@ -38,6 +40,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     filter_rank: int
     gate_quantile: float
     gate_temperature: float
+    gate_signal: str
+    conditioning: float
     assign: str
     assign_temperature: float
     use_gate: bool
@@ -55,6 +59,9 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
         require("filter_rank", self.filter_rank, is_int(self.filter_rank) and self.filter_rank >= 1, "an integer >= 1")
         require("gate_quantile", self.gate_quantile, 0.0 < self.gate_quantile < 1.0, "in (0, 1)")
         require("gate_temperature", self.gate_temperature, self.gate_temperature > 0, "> 0")
+        require("gate_signal", self.gate_signal, self.gate_signal in GATE_SIGNALS, f"one of {list(GATE_SIGNALS)}")
+        require("conditioning", self.conditioning, 0.0 <= self.conditioning <= 1.0,
+                "in [0, 1] (0 = plain LoRA, 1 = full conditioning)")
         require("assign", self.assign, self.assign in ("hard", "soft"), "one of ['hard', 'soft']")
         require("assign_temperature", self.assign_temperature, self.assign_temperature > 0, "> 0")
         require("use_gate", self.use_gate, isinstance(self.use_gate, bool), "true or false")
@@ -64,7 +71,7 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
 
 
 class ATLAS(Method):
-    """Input-conditioned plasticity from a retained-domain activation atlas (METHOD.md).
+    """Input-conditioned plasticity from a retained-domain activation atlas (docs/method.md).
 
     Knobs: residual scale (post-hoc `scale`), `gate_temperature`, `gate_quantile`, training steps.
     Ablations are switches: `num_centers=1` (global), `use_filter=false`, `use_gate=false`,
@@ -105,8 +112,8 @@ class ATLAS(Method):
         for i, site in enumerate(tqdm(sites, desc="build atlas", disable=not ctx.progress)):
             x = inputs[site.name].to(ctx.device)
             real = build_site_atlas(x, p.num_centers, p.filter_energy, p.filter_rank, p.gate_quantile,
-                                    seed * 1009 + i, dtype)
-            atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919) \
+                                    seed * 1009 + i, dtype, gate_signal=p.gate_signal)
+            atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919, p.gate_signal) \
                 if p.source == "random" else real
         return atlas
 
@@ -138,7 +145,7 @@ class ATLAS(Method):
         p = self.params
         for site in self.sites:
             shared = AtlasSite(self.atlas[site.name], p.assign, p.gate_temperature, p.assign_temperature,
-                               p.use_gate, p.use_filter).to(next(model.parameters()).device)
+                               p.use_gate, p.use_filter, p.gate_signal, p.conditioning).to(next(model.parameters()).device)
             for name in site.modules:
                 parent_name, leaf = name.rsplit(".", 1)
                 parent = modules[parent_name]

@@ -57,13 +57,15 @@ def batch(tok):
     return collate([encode_pair(tok, code_instruction_prompt(i), i["response"], 96) for i in items], tok.pad_token_id)
 
 
-def test_gate_and_filter_off_equals_peft_lora(tiny_backbone_dir, tmp_path):
+@pytest.mark.parametrize("off", [{"use_gate": False, "use_filter": False}, {"conditioning": 0.0}])
+def test_gate_and_filter_off_equals_peft_lora(tiny_backbone_dir, tmp_path, off):
+    """Both ways of switching the conditioning off (the ablation switches, the knob at 0) are peft's LoRA."""
     from peft import LoraConfig, get_peft_model
 
     seed_everything(0)
     base, tok, bb = tiny_model(tiny_backbone_dir)
     lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
-    atlas_model, method, _ = prepared(tiny_backbone_dir, tmp_path, rank=4, alpha=8, use_gate=False, use_filter=False)
+    atlas_model, method, _ = prepared(tiny_backbone_dir, tmp_path, rank=4, alpha=8, **off)
     # Same init: copy peft's A (Kaiming) and a non-zero B into ATLAS so outputs differ from the base.
     g = torch.Generator().manual_seed(1)
     lora_mods = {n.replace("base_model.model.", ""): m for n, m in lora.named_modules() if hasattr(m, "lora_A")}
@@ -78,6 +80,10 @@ def test_gate_and_filter_off_equals_peft_lora(tiny_backbone_dir, tmp_path):
     out_l = lora(**b)
     out_a = atlas_model(**b)
     torch.testing.assert_close(out_a.logits, out_l.logits, rtol=1e-5, atol=1e-5)
+    if off.get("conditioning") == 0.0:  # the knob at 0 computes neither gate nor filter: A x exactly
+        site = next(iter(atlas_mods.values())).site
+        gate, weights, z, _ = site.condition(torch.randn(5, site.centers.shape[1]))
+        assert gate is None and weights is None and z is None
     out_l.loss.backward()
     out_a.loss.backward()
     for name, m in lora_mods.items():
@@ -96,6 +102,36 @@ def unit_site(d=16, k=3, r=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.cat([torch.randn(200, d, generator=g) * 0.3 + 4 * torch.eye(d)[j] for j in range(k)])
     return build_site_atlas(x, k, 0.9, r, 0.9, seed), x
+
+
+def test_conditioning_interpolates_gate_and_filter():
+    """g_c = 1 - c + c g and A Pi_c x = A x - c (A U) z: the residual at c is the LoRA residual plus c times the
+    conditioning's change to it, per token, for the gate and the filter alone."""
+    site, x = unit_site()
+    probe = torch.cat([x[:5], torch.randn(5, x.shape[1]) * 3])
+    for kw in ({"use_filter": False}, {"use_gate": False}):
+        layers = {c: residual_layer(site, conditioning=c, **kw) for c in (0.0, 0.25, 1.0)}
+        torch.manual_seed(0)
+        ref = layers[0.0]
+        for layer in layers.values():
+            with torch.no_grad():
+                layer.lora_A.copy_(ref.lora_A)
+                layer.lora_B.copy_(ref.lora_B)
+                layer.base.load_state_dict(ref.base.state_dict())
+        r = {c: layer.residual(probe) for c, layer in layers.items()}
+        torch.testing.assert_close(r[0.25], r[0.0] + 0.25 * (r[1.0] - r[0.0]), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(r[1.0], r[0.0])
+
+
+def test_subspace_gate_opens_off_the_retained_directions():
+    """gate_signal=subspace: the gate is larger for inputs whose energy lies outside their center's filter."""
+    site, x = unit_site()
+    atlas_site = AtlasSite(build_site_atlas(x, 3, 0.9, 2, 0.9, 0, gate_signal="subspace"), gate_signal="subspace")
+    inside = x[:20]
+    outside = x[:20] + torch.randn(20, x.shape[1], generator=torch.Generator().manual_seed(3)) * 2.0
+    g_in = atlas_site.condition(inside)[0].mean()
+    atlas_site.clear()
+    assert atlas_site.condition(outside)[0].mean() > g_in + 0.2
 
 
 def residual_layer(site, **kw):
