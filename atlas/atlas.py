@@ -1,7 +1,7 @@
 """The activation atlas of the retained domains: per site, reference centers, radii, directional filters, gate quantile.
 
 Built once per backbone x retained data x seed from the inputs the adapted modules see on the
-retained calibration prompts followed by the base model's own responses (METHOD.md, section 1).
+retained calibration prompts followed by the base model's own responses (docs/method.md).
 """
 
 from __future__ import annotations

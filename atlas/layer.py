@@ -4,13 +4,16 @@ Written by hand because no library offers an input-conditioned low-rank residual
 layers add s B A x for every input. With gate and filter disabled this layer is exactly LoRA
 (same init, same outputs, same gradients; a test checks it against peft).
 
-How it is computed (METHOD.md section 2). Per site (the modules reading one tensor share it):
+How it is computed (docs/method.md). Per site (the modules reading one tensor share it):
 - all normalised distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 in float32 from the differences
   (torch.cdist without the |x|^2 - 2 x.c + |c|^2 expansion, which cancels catastrophically for tight
   clusters far from the origin: a float64 test covers degenerate and near-degenerate clusters);
 - all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
   times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
   z = (w_k U_k^T x)_k, flattened to (n, K R).
+- the gate statistic: `distance` = min_k delta_k(x), or `subspace` (the default) = the share of x's
+  energy outside its nearest center's filter, 1 - ||U_k*^T x||^2 / ||x||^2, from the same coordinates;
+- the conditioning knob c: g -> 1 - c + c g and z -> c z; at c = 0 neither is computed (plain LoRA).
 Per module, A Pi x = A x - sum_k w_k (A U_k)(U_k^T x) = A x - (A U) z with A U = (A U_1 .. A U_K)
 of shape (r, K R): one addmm on top of LoRA's A x. A U depends only on A, so without autograd
 (evaluation, decoding) it is kept until A is next modified. The gate scales the r-wide rows
@@ -109,7 +112,7 @@ class AtlasSite(nn.Module):
 
 
 class AtlasLinear(nn.Module):
-    """A frozen Linear plus the atlas-conditioned shared low-rank residual of METHOD.md section 2."""
+    """A frozen Linear plus the atlas-conditioned shared low-rank residual of docs/method.md."""
 
     def __init__(self, base: nn.Linear, site: AtlasSite, rank: int, alpha: float) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""The layer's one-matmul forms (atlas/layer.py) equal the equation of METHOD.md section 2 computed
+"""The layer's one-matmul forms (atlas/layer.py) equal the equation of docs/method.md computed
 directly in float64 — explicit differences x - c_k and explicit d x d projections
 Pi = I - U_{k*} U_{k*}^T (hard) or I - sum_k w_k U_k U_k^T (soft) — in outputs and in the gradients
 with respect to the input and both factors; and the cached A U of the no-autograd path follows A."""
