@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from experiments.job import register_run_id_resolver
+from experiments.run_id import register_run_id_resolver
 
 register_run_id_resolver()
 

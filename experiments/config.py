@@ -208,9 +208,10 @@ def _positive(key: str, value: Any) -> None:
         _fail(key, value, "must be > 0")
 
 
-def structured(cfg: DictConfig) -> DictConfig:
-    """Merge `cfg` onto the schema; type errors become `ConfigError` naming key and value."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+def structured(cfg: Any) -> DictConfig:
+    """Merge `cfg` (a DictConfig or its resolved container) onto the schema; type errors become `ConfigError`
+    naming key and value."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     data.pop("hydra", None)
     try:
         typed = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
@@ -237,7 +238,7 @@ def validate_config(cfg: DictConfig) -> DictConfig:
     data.pop("hydra", None)
     key = json.dumps(data, sort_keys=True, default=str)
     if key not in _VALIDATED:
-        typed = _validate(OmegaConf.create(data))
+        typed = _validate(data)
         OmegaConf.set_readonly(typed, True)
         if len(_VALIDATED) >= _VALIDATED_MAX:
             _VALIDATED.pop(next(iter(_VALIDATED)))
@@ -257,8 +258,8 @@ def eval_config(typed: DictConfig) -> EvalConfig:
     return OmegaConf.to_object(typed.eval)
 
 
-def _validate(cfg: DictConfig) -> DictConfig:
-    typed = structured(cfg)
+def _validate(data: dict) -> DictConfig:
+    typed = structured(data)
     method = typed.method
     if not isinstance(method, DictConfig) or "_target_" not in method or "name" not in method:
         _fail("method", method, "a method config with `_target_` and `name` (see conf/method/)")

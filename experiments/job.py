@@ -54,17 +54,6 @@ def run_id_for(cfg: DictConfig) -> str:
     return records.run_id_of(data)
 
 
-def _run_id_resolver(*, _root_: DictConfig) -> str:
-    return run_id_for(OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"]))
-
-
-def register_run_id_resolver() -> None:
-    """Register `${run_id:}` (conf/config.yaml's run directory): the one resolver of run ids from a composed
-    config, used by `run.py`, the sweep planner and SLURM jobs (which do not execute run.py's module code)."""
-    if not OmegaConf.has_resolver("run_id"):
-        OmegaConf.register_new_resolver("run_id", _run_id_resolver, use_cache=False)
-
-
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
     """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>."""
     try:

@@ -63,8 +63,8 @@ def log(message: str) -> None:
 
 
 def ensure_run_id_resolver() -> None:
-    """The `${run_id:}` resolver (`experiments.job.register_run_id_resolver`); SLURM jobs do not run run.py."""
-    from experiments.job import register_run_id_resolver
+    """The `${run_id:}` resolver (`experiments.run_id`); SLURM jobs do not run run.py."""
+    from experiments.run_id import register_run_id_resolver
 
     register_run_id_resolver()
 
