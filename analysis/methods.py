@@ -41,6 +41,16 @@ def _group(name: str) -> tuple[str, ...]:
     return tuple(m for m, d in _DISPLAY.items() if d["group"] == name)
 
 
+def display(name: str) -> dict:
+    """The `display` block of conf/method/<name>.yaml (label, group, order, color, marker)."""
+    return dict(_DISPLAY[name])
+
+
+def group_members(*groups: str) -> list[str]:
+    """The registry's methods of `groups`, in table order."""
+    return [m for m, d in _DISPLAY.items() if d["group"] in groups]
+
+
 REFERENCE = _group("reference")[0]
 BASE = _group("base")[0]
 BASELINES = _group("baseline")

@@ -28,6 +28,7 @@ import torch
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments import prompts
 from experiments.activations import Site, collect_inputs
+from experiments.calibration import pair_example, reference_pairs
 
 #: Tokens per side (retained, target) per site, a seeded subsample.
 MAX_TOKENS = 4096
@@ -90,12 +91,7 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
 
 def held_out_sequences(ctx: Any) -> tuple[list[dict], list[dict]]:
     """(retained, target) encoded sequences of the run's evaluation split (see the module docstring)."""
-    reference = ctx.reference()
-    retained = []
-    for name in sorted(reference.domains):
-        split = reference.domains[name].split("evaluation")
-        for p, r in zip(split.prompt_ids, split.response_ids):
-            retained.append({"input_ids": list(p) + list(r), "labels": [-100] * len(p) + list(r)})
+    retained = [pair_example(pair) for pair in reference_pairs(ctx.reference(), drop_empty=False, split="evaluation")]
     target = []
     for item in ctx.benchmark.target_eval:
         prompt = prompts.apply_template(ctx.tokenizer, prompts.code_problem_prompt(item), ctx.chat_template)

@@ -35,22 +35,22 @@ def truncate_pair(prompt_ids: Sequence[int], response_ids: Sequence[int], max_le
 
 
 def reference_pairs(reference: Any, max_length: Optional[int] = None, drop_empty: bool = True,
-                    sort_domains: bool = True) -> list[CalibrationPair]:
-    """Every calibration prompt with the base's response, domains in name order (in the cache's order with
-    `sort_domains=False`), items in split order.
+                    sort_domains: bool = True, split: str = "calibration") -> list[CalibrationPair]:
+    """Every prompt of the cache's `split` (calibration unless told) with the base's response, domains in name
+    order (in the cache's order with `sort_domains=False`), items in split order.
 
     With `drop_empty`, pairs whose (truncated) response is empty are dropped: they carry no response token.
     """
     out = []
     for name in (sorted(reference.domains) if sort_domains else reference.domains):
-        split = reference.domains[name].split("calibration")
-        for i, (p, r) in enumerate(zip(split.prompt_ids, split.response_ids)):
+        part = reference.domains[name].split(split)
+        for i, (p, r) in enumerate(zip(part.prompt_ids, part.response_ids)):
             if max_length is not None:
                 p, r = truncate_pair(p, r, max_length)
             if len(p) and (len(r) or not drop_empty):
                 out.append(CalibrationPair(name, i, list(p), list(r)))
     if not out:
-        raise ValueError("the reference cache holds no retained calibration responses")
+        raise ValueError(f"the reference cache holds no retained {split} responses")
     return out
 
 

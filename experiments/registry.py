@@ -1,5 +1,6 @@
 """The method registry: every method is one `conf/method/<name>.yaml` (its `_target_`, hyperparameter
-values and `display`), read here for tests, benchmarks and tools, and by `analysis.methods` for labels.
+values and `display`). Tests, benchmarks and tools read it here; the display blocks are read once, by
+`analysis.methods` (which reads them as files, importing nothing from the runtime).
 
 Adding a method is its module, its config file, its test file and a section in docs/baselines.md.
 """
@@ -8,25 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from experiments.config import CONF, group_values
-from experiments.methods import DISPLAY_KEY, Method, build_method
-
-METHOD_CONF = CONF / "method"
-#: Display groups, in table order: ATLAS, the paper's seven baselines, the extended ones, the ATLAS
-#: ablations, the base model.
-GROUPS = ("reference", "baseline", "extended", "ablation", "base")
+from analysis.methods import GROUPS, KNOWN_ORDER, display, group_members  # noqa: F401  (re-exported)
+from experiments.config import group_values
+from experiments.methods import Method, build_method
 
 
 def method_names() -> list[str]:
     """Every configured method, in display order (group, then its `display.order`)."""
-    return sorted((p.stem for p in METHOD_CONF.glob("*.yaml")), key=_order)
-
-
-def _order(name: str) -> tuple:
-    d = display(name)
-    return GROUPS.index(d["group"]), d["order"], name
+    return list(KNOWN_ORDER)
 
 
 def method_config(name: str) -> dict:
@@ -34,16 +24,9 @@ def method_config(name: str) -> dict:
     return group_values("method", name)
 
 
-def display(name: str) -> dict:
-    """How analysis shows `name`: label, group (one of GROUPS), order within the group, colour, marker.
-    Each file has its own (an ablation's is not its parent's)."""
-    return dict((yaml.safe_load((METHOD_CONF / f"{name}.yaml").read_text()) or {})[DISPLAY_KEY])
-
-
 def trained_methods(*groups: str) -> list[str]:
-    """The methods of `groups` (all but the base when none are given) that train."""
-    wanted = groups or tuple(g for g in GROUPS if g != "base")
-    return [n for n in method_names() if display(n)["group"] in wanted]
+    """The methods of `groups` (all but the base when none are given), in display order."""
+    return group_members(*(groups or tuple(g for g in GROUPS if g != "base")))
 
 
 def build(name: str, **overrides: Any) -> Method:
