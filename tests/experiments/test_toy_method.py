@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from analysis.methods import label, style
+from analysis.methods import EXTRA_COLORS, EXTRA_MARKERS, label, style
 from tests.conftest import run_cli, tiny_overrides
 
 CONFIG = """\
@@ -41,4 +41,5 @@ def test_a_toy_method_runs_end_to_end_from_its_module_and_config(tiny_backbone_d
     bad = run_cli([*args, "method.output_scale=-1"], timeout=300)
     assert bad.returncode == 2 and "method.output_scale=-1" in bad.stderr
     # analysis has a stable style and a label for a method it has never seen
-    assert label("scaled_lora") == "scaled_lora" and style("scaled_lora") == style("scaled_lora")
+    assert label("scaled_lora") == "scaled_lora"
+    assert style("scaled_lora").color in EXTRA_COLORS and style("scaled_lora").marker in EXTRA_MARKERS
