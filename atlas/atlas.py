@@ -18,6 +18,10 @@ from experiments.activations import second_moment_basis
 
 EPS = 1e-12
 GATE_SIGNALS = ("distance", "subspace")
+#: How the gate's threshold and slope are set: `quantile` = log q at the `gate_quantile` of the signal on retained
+#: calibration tokens, slope 1; `logistic` = a class-balanced logistic regression of retained (0) vs target (1)
+#: calibration tokens on log s(x), so g(x) is the fitted probability that x is a target input.
+GATE_FITS = ("quantile", "logistic")
 #: A cluster's sigma^2 is at least this share of the site's mean squared distance to the nearest center: a
 #: cluster of (nearly) identical calibration inputs, e.g. a template position, would otherwise get sigma^2 ~ 1e-11
 #: and turn any other input assigned to it into an astronomically large distance.
@@ -30,7 +34,9 @@ class SiteAtlas:
 
     centers: (K, d) reference centers; sigma2: (K,) mean squared distance of each cluster's members to
     its center; filters: (K, d, R) orthonormal columns (zero-padded past each cluster's rank);
-    ranks: (K,) filter rank of each cluster; log_q: log of the gate quantile of delta(x) on calibration tokens.
+    ranks: (K,) filter rank of each cluster; log_q: the gate's threshold on log s(x) (g = 1/2 there);
+    gate_slope: the gate's slope on log s(x) (1 for a quantile gate, fitted for a logistic one):
+    g(x) = sigmoid(gate_slope * (log s(x) - log_q) / T).
     """
 
     centers: torch.Tensor
@@ -38,6 +44,11 @@ class SiteAtlas:
     filters: torch.Tensor
     ranks: torch.Tensor
     log_q: torch.Tensor
+    gate_slope: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.gate_slope is None:
+            self.gate_slope = torch.tensor(1.0)
 
     @property
     def num_centers(self) -> int:
@@ -68,7 +79,7 @@ class SiteAtlas:
         """Bytes of the stored tensors (filters counted at their true ranks, as they could be stored packed)."""
         per = self.centers.element_size()
         d = self.centers.shape[1]
-        return per * (self.centers.numel() + self.sigma2.numel() + d * int(self.ranks.sum()) + 1) + 4 * self.ranks.numel()
+        return per * (self.centers.numel() + self.sigma2.numel() + d * int(self.ranks.sum()) + 2) + 4 * self.ranks.numel()
 
 
 def _radii(x: torch.Tensor, centers: torch.Tensor, assign: torch.Tensor) -> torch.Tensor:
@@ -96,6 +107,47 @@ def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float, signal: str
     return torch.quantile(values.clamp_min(EPS).double(), quantile).log().float()
 
 
+def fit_logistic_gate(retained: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
+    """(log_q, slope) of the class-balanced logistic regression P(target | v) = sigmoid(slope * (v - log_q))
+    fitted on the log gate signals v of retained (label 0) and target (label 1) calibration tokens
+    (scikit-learn's L2-regularised LogisticRegression, C = 1, on v standardised over both sides).
+
+    The slope is at least 1e-3: a signal that does not separate the two gets a nearly flat gate at the
+    fitted threshold instead of a sign flip (a gate that would open on retained inputs).
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    v = torch.cat([retained, target]).double().cpu()
+    if not len(retained) or not len(target):
+        raise ValueError("a logistic gate needs retained and target calibration tokens")
+    mu, sd = float(v.mean()), float(v.std()) or 1.0
+    labels = torch.cat([torch.zeros(len(retained)), torch.ones(len(target))]).numpy()
+    fit = LogisticRegression(class_weight="balanced", C=1.0).fit(((v - mu) / sd).unsqueeze(1).numpy(), labels)
+    w, b = float(fit.coef_[0, 0]) / sd, float(fit.intercept_[0])
+    slope = max(w, 1e-3)
+    # the fit is sigmoid(w_std (v - mu) / sd + b) = sigmoid(w (v - (mu - b / w))) with w = w_std / sd
+    log_q = mu - b / w if w > 1e-3 else float(torch.quantile(v, 0.5))
+    return log_q, slope
+
+
+def calibrate_gate(site: "SiteAtlas", retained: torch.Tensor, target: Optional[torch.Tensor], fit: str,
+                   quantile: float, signal: str) -> "SiteAtlas":
+    """Set the site's gate threshold and slope (in place; returns it) by `fit` (see GATE_FITS) from its
+    retained and (for `logistic`) target calibration inputs."""
+    if fit == "quantile":
+        site.log_q, site.gate_slope = _gate_log_q(site, retained, quantile, signal), torch.tensor(1.0)
+    elif fit == "logistic":
+        if target is None:
+            raise ValueError("gate_fit=logistic needs target calibration inputs")
+        v_r = site.gate_signal(retained, signal).clamp_min(EPS).log()
+        v_t = site.gate_signal(target.to(retained.device), signal).clamp_min(EPS).log()
+        log_q, slope = fit_logistic_gate(v_r, v_t)
+        site.log_q, site.gate_slope = torch.tensor(log_q, dtype=torch.float32), torch.tensor(slope, dtype=torch.float32)
+    else:
+        raise ValueError(f"gate fit {fit!r}: one of {list(GATE_FITS)}")
+    return site
+
+
 def build_site_atlas(
     x: torch.Tensor,
     num_centers: int,
@@ -105,19 +157,23 @@ def build_site_atlas(
     seed: int,
     dtype: Optional[torch.dtype] = None,
     gate_signal: str = "distance",
+    gate_fit: str = "quantile",
+    target: Optional[torch.Tensor] = None,
 ) -> SiteAtlas:
-    """The atlas of one site from its (n, d) calibration inputs (k-means++, radii, filters, gate quantile)."""
+    """The atlas of one site from its (n, d) retained calibration inputs (k-means++, radii, filters) and its
+    gate calibrated by `gate_fit` (`target`: (m, d) target calibration inputs, for the logistic fit)."""
     x = x.float()
     centers, assign = kmeans(x, num_centers, seed)
     sigma2 = _radii(x, centers, assign)
     filters, ranks = _filters(x, assign, centers.shape[0], filter_energy, filter_rank)
     site = SiteAtlas(centers, sigma2, filters, ranks, torch.tensor(0.0, device=x.device))
-    site.log_q = _gate_log_q(site, x, gate_quantile, gate_signal)
+    calibrate_gate(site, x, None if target is None else target.float(), gate_fit, gate_quantile, gate_signal)
     return cast(site, dtype) if dtype is not None else site
 
 
 def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: float, seed: int,
-                      gate_signal: str = "distance") -> SiteAtlas:
+                      gate_signal: str = "distance", gate_fit: str = "quantile",
+                      target: Optional[torch.Tensor] = None) -> SiteAtlas:
     """Control: random centers (matching the real centers' norms) and random orthonormal filters of the
     same ranks; radii and gate quantile calibrated on the same inputs, so only the geometry is random."""
     g = torch.Generator().manual_seed(seed)
@@ -135,13 +191,14 @@ def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: floa
             q, _ = torch.linalg.qr(torch.randn(d, r, generator=g).to(x.device))
             filters[j, :, :r] = q
     site = SiteAtlas(centers, sigma2, filters, reference.ranks.clone(), torch.tensor(0.0, device=x.device))
-    site.log_q = _gate_log_q(site, x, gate_quantile, gate_signal)
+    calibrate_gate(site, x, None if target is None else target.float(), gate_fit, gate_quantile, gate_signal)
     return cast(site, reference.centers.dtype)
 
 
 def cast(site: SiteAtlas, dtype: torch.dtype) -> SiteAtlas:
-    """The same atlas with its floating tensors in `dtype` (log_q stays float32)."""
-    return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), site.filters.to(dtype), site.ranks, site.log_q.float())
+    """The same atlas with its floating tensors in `dtype` (log_q and gate_slope stay float32)."""
+    return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), site.filters.to(dtype), site.ranks, site.log_q.float(),
+                     site.gate_slope.float())
 
 
 def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
@@ -154,6 +211,7 @@ def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
         tensors[f"{name}/sigma2"] = s.sigma2.contiguous()
         tensors[f"{name}/ranks"] = s.ranks.contiguous()
         tensors[f"{name}/log_q"] = s.log_q.reshape(1).contiguous()
+        tensors[f"{name}/gate_slope"] = s.gate_slope.float().reshape(1).contiguous()
         for j in range(s.num_centers):
             r = int(s.ranks[j])
             if r:
@@ -185,5 +243,7 @@ def load_atlas(path: Path) -> tuple[dict[str, SiteAtlas], dict]:
             r = int(ranks[j])
             if r:
                 filters[j, :, :r] = raw[f"{name}/filter.{j}"]
-        out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], filters, ranks, raw[f"{name}/log_q"].reshape(()))
+        slope = raw.get(f"{name}/gate_slope", torch.ones(1))  # atlases written before the fitted gate: slope 1
+        out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], filters, ranks, raw[f"{name}/log_q"].reshape(()),
+                              slope.reshape(()))
     return out, meta

@@ -11,8 +11,9 @@ How it is computed (docs/method.md). Per site (the modules reading one tensor sh
 - all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
   times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
   z = (w_k U_k^T x)_k, flattened to (n, K R).
-- the gate statistic: `distance` = min_k delta_k(x), or `subspace` (the default) = the share of x's
+- the gate statistic s(x): `distance` = min_k delta_k(x), or `subspace` (the default) = the share of x's
   energy outside its nearest center's filter, 1 - ||U_k*^T x||^2 / ||x||^2, from the same coordinates;
+  g(x) = sigmoid(slope * (log s(x) - log q) / T) with the atlas's threshold log q and slope;
 - the conditioning knob c: g -> 1 - c + c g and z -> c z; at c = 0 neither is computed (plain LoRA).
 Per module, A Pi x = A x - sum_k w_k (A U_k)(U_k^T x) = A x - (A U) z with A U = (A U_1 .. A U_K)
 of shape (r, K R): one addmm on top of LoRA's A x. A U depends only on A, so without autograd
@@ -55,6 +56,7 @@ class AtlasSite(nn.Module):
         self.register_buffer("filters", site.filters.clone())
         self.register_buffer("ranks", site.ranks.clone())
         self.register_buffer("log_q", site.log_q.float().clone().reshape(()))
+        self.register_buffer("gate_slope", site.gate_slope.float().clone().reshape(()).to(site.centers.device))
         # Layouts derived from the atlas for the one-matmul forms above (not part of the state dict).
         k, d = site.centers.shape
         self.register_buffer("filter_cols", site.filters.permute(1, 0, 2).reshape(d, -1).contiguous(),
@@ -89,7 +91,7 @@ class AtlasSite(nn.Module):
                 signal = (energy - kept.square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
             else:
                 signal = delta
-            logit = signal.clamp_min(EPS).log() - self.log_q
+            logit = (signal.clamp_min(EPS).log() - self.log_q) * self.gate_slope
             if self.gate_temperature != 1.0:
                 logit = logit / self.gate_temperature
             gate = torch.sigmoid(logit).unsqueeze(1)

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from atlas.atlas import GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
+from atlas.atlas import GATE_FITS, GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
@@ -28,8 +28,10 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     """ATLAS's hyperparameters (docs/method.md): the residual's rank and alpha (s = alpha / r), the atlas
     (`num_centers` K per site from `max_tokens` calibration tokens, filters keeping `filter_energy` of the
     energy up to `filter_rank` directions), the gate (the statistic `gate_signal`, its calibration quantile
-    `gate_quantile` q, `gate_temperature` T), how much the atlas conditions (`conditioning`: 0 = plain LoRA,
-    1 = full gate and filter), the center
+    `gate_quantile` q, `gate_temperature` T, and how its threshold and slope are set, `gate_fit`: quantile of
+    the retained signal or a logistic fit of retained vs target), the calibration tokens' split over the retained
+    domains (`balance_domains`: an equal share per domain instead of their share of the tokens), how much the
+    atlas conditions (`conditioning`: 0 = plain LoRA, 1 = full gate and filter), the center
     assignment (`assign` hard | soft at `assign_temperature`), the ablation switches (`use_gate`,
     `use_filter`, `source` retained | target | random) and the atlas seed (null = the run's)."""
 
@@ -41,6 +43,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     gate_quantile: float
     gate_temperature: float
     gate_signal: str
+    gate_fit: str
+    balance_domains: bool
     conditioning: float
     assign: str
     assign_temperature: float
@@ -60,6 +64,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
         require("gate_quantile", self.gate_quantile, 0.0 < self.gate_quantile < 1.0, "in (0, 1)")
         require("gate_temperature", self.gate_temperature, self.gate_temperature > 0, "> 0")
         require("gate_signal", self.gate_signal, self.gate_signal in GATE_SIGNALS, f"one of {list(GATE_SIGNALS)}")
+        require("gate_fit", self.gate_fit, self.gate_fit in GATE_FITS, f"one of {list(GATE_FITS)}")
+        require("balance_domains", self.balance_domains, isinstance(self.balance_domains, bool), "true or false")
         require("conditioning", self.conditioning, 0.0 <= self.conditioning <= 1.0,
                 "in [0, 1] (0 = plain LoRA, 1 = full conditioning)")
         require("assign", self.assign, self.assign in ("hard", "soft"), "one of ['hard', 'soft']")
@@ -87,33 +93,60 @@ class ATLAS(Method):
         self.sites: list[Site] = []
 
     # -- atlas -----------------------------------------------------------------------------
-    def calibration_sequences(self, ctx: RunContext) -> list[dict]:
-        """Encoded sequences the atlas is built from: retained calibration prompts + base responses (domains in
-        the cache's order, every pair: the atlas reads prompt tokens too), or the target training data; both cut
-        at the run's `max_length` as training examples are."""
+    def calibration_groups(self, ctx: RunContext) -> dict[str, list[dict]]:
+        """Encoded sequences the atlas is built from, by group: each retained domain's calibration prompts + base
+        responses (domains in the cache's order, every pair: the atlas reads prompt tokens too), or one group of
+        target training data (`source=target`); cut at the run's `max_length` as training examples are.
+        Without `balance_domains` all retained pairs form one group."""
         if self.params.source == "target":
-            return target_examples(ctx)
-        reference = ctx.reference()
-        return [pair_example(pair) for pair in reference_pairs(reference, ctx.max_length, drop_empty=False,
-                                                               sort_domains=False)]
+            return {"target": target_examples(ctx)}
+        return self.retained_groups(ctx)
+
+    def retained_groups(self, ctx: RunContext) -> dict[str, list[dict]]:
+        """The retained calibration pairs as encoded sequences, one group per domain with `balance_domains`
+        (in the cache's order), else one group."""
+        groups: dict[str, list[dict]] = {}
+        for pair in reference_pairs(ctx.reference(), ctx.max_length, drop_empty=False, sort_domains=False):
+            groups.setdefault(pair.domain if self.params.balance_domains else "retained", []).append(pair_example(pair))
+        return groups
+
+    def contrast_groups(self, ctx: RunContext) -> dict[str, list[dict]]:
+        """What a logistic gate learns to open on: the target training data, or for an atlas of the target
+        (`source=target`) the retained calibration pairs, by domain as `balance_domains` says."""
+        return {"target": target_examples(ctx)} if self.params.source != "target" else self.retained_groups(ctx)
+
+    def collect(self, model: torch.nn.Module, ctx: RunContext, sites: list[Site], groups: dict[str, list[dict]],
+                seed: int) -> dict[str, torch.Tensor]:
+        """Site name -> (n, d) inputs on `groups`: `max_tokens` in all, split equally over the groups (the first
+        groups take the remainder; a group with fewer tokens gives all it has), each a seeded subsample."""
+        p = self.params
+        share, extra = divmod(p.max_tokens, len(groups))
+        parts = []
+        for j, seqs in enumerate(groups.values()):
+            parts.append(collect_inputs(model, sites, seqs, pad_id=ctx.tokenizer.pad_token_id,
+                                        batch_size=p.calibration_batch_size, max_tokens=share + (j < extra),
+                                        seed=seed + j, device=ctx.device, progress=ctx.progress))
+        return {s.name: torch.cat([part[s.name] for part in parts]) for s in sites}
 
     def build(self, model: torch.nn.Module, ctx: RunContext, sites: list[Site]) -> dict[str, SiteAtlas]:
-        """Collect site inputs on the calibration sequences and build every site's atlas."""
+        """Collect site inputs on the calibration groups (and, for a logistic gate, `max_tokens` on the contrast
+        groups) and build every site's atlas."""
         p = self.params
         seed = ctx.seed if p.atlas_seed is None else p.atlas_seed
-        seqs = self.calibration_sequences(ctx)
-        inputs = collect_inputs(model, sites, seqs, pad_id=ctx.tokenizer.pad_token_id,
-                                batch_size=p.calibration_batch_size, max_tokens=p.max_tokens, seed=seed,
-                                device=ctx.device, progress=ctx.progress)
+        inputs = self.collect(model, ctx, sites, self.calibration_groups(ctx), seed)
+        targets = self.collect(model, ctx, sites, self.contrast_groups(ctx), seed + 101) \
+            if p.gate_fit == "logistic" else {}
         dtype = next(model.parameters()).dtype
         atlas = {}
         from tqdm.auto import tqdm
 
         for i, site in enumerate(tqdm(sites, desc="build atlas", disable=not ctx.progress)):
             x = inputs[site.name].to(ctx.device)
+            t = targets[site.name].to(ctx.device) if targets else None
+            gate = dict(gate_signal=p.gate_signal, gate_fit=p.gate_fit, target=t)
             real = build_site_atlas(x, p.num_centers, p.filter_energy, p.filter_rank, p.gate_quantile,
-                                    seed * 1009 + i, dtype, gate_signal=p.gate_signal)
-            atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919, p.gate_signal) \
+                                    seed * 1009 + i, dtype, **gate)
+            atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919, **gate) \
                 if p.source == "random" else real
         return atlas
 

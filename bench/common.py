@@ -241,7 +241,7 @@ def random_pairs(bb: Backbone, n: int, prompt_len: int, response_len: int, seed:
 
 
 def calibration_reference(bb: Backbone, max_tokens: int, seed: int):
-    """What `ATLAS.calibration_sequences` reads from a reference cache: calibration prompts + responses."""
+    """What `ATLAS.calibration_groups` reads from a reference cache: calibration prompts + responses."""
     if bb.pretrained:
         prompts, responses = retained_pairs(bb, "calibration")
     else:

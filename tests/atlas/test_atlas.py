@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from atlas.atlas import build_site_atlas
+from atlas.atlas import build_site_atlas, fit_logistic_gate, load_atlas
 from atlas.kmeans import kmeans
 from atlas.layer import AtlasLinear, AtlasSite
 from atlas.method import ATLAS
@@ -27,31 +27,41 @@ def tiny_model(backbone_dir):
     return model, tok, bb
 
 
-def fake_reference(tok, n=12):
-    """A reference cache stand-in: calibration prompts + responses as token ids."""
+def fake_reference(tok, n=12, short=0):
+    """A reference cache stand-in: calibration prompts + responses as token ids (math; with `short`, also a
+    second domain of `short` one-word pairs, far fewer tokens than math's)."""
     items = tiny_math(n)
     split = SimpleNamespace(prompt_ids=[tok(f"Question: {m['question']}\nAnswer:")["input_ids"] for m in items],
                             response_ids=[tok(" " + m["answer"])["input_ids"] for m in items])
-    return SimpleNamespace(domains={"math": SimpleNamespace(split=lambda name: split)})
+    domains = {"math": SimpleNamespace(split=lambda name: split)}
+    if short:
+        words = SimpleNamespace(prompt_ids=[tok(f"Where? {i}")["input_ids"] for i in range(short)],
+                                response_ids=[tok(" shelf")["input_ids"] for _ in range(short)])
+        domains["commonsense"] = SimpleNamespace(split=lambda name: words)
+    return SimpleNamespace(domains=domains)
 
 
-def context(backbone_dir, run_dir, tok, bb, seed=0):
-    return RunContext(tokenizer=tok, benchmark=SimpleNamespace(target_train=[]), run_dir=Path(run_dir), seed=seed,
-                      target_modules=list(bb.target_modules), max_length=bb.max_length, progress=False,
-                      reference_fn=lambda: fake_reference(tok))
+def code_items(n=8):
+    return [{"instruction": "Complete the following Python function.", "input": p["prompt"],
+             "response": p["canonical_solution"]} for p in tiny_code(n)]
 
 
-def prepared(backbone_dir, run_dir, seed=0, **hp):
+def context(backbone_dir, run_dir, tok, bb, seed=0, short=0):
+    return RunContext(tokenizer=tok, benchmark=SimpleNamespace(target_train=code_items()), run_dir=Path(run_dir),
+                      seed=seed, target_modules=list(bb.target_modules), max_length=bb.max_length, progress=False,
+                      reference_fn=lambda: fake_reference(tok, n=30 if short else 12, short=short))
+
+
+def prepared(backbone_dir, run_dir, seed=0, short=0, **hp):
     seed_everything(seed)
     model, tok, bb = tiny_model(backbone_dir)
     method = build("atlas", num_centers=4, max_tokens=400, filter_rank=4, **hp)
-    model = method.prepare(model, context(backbone_dir, run_dir, tok, bb, seed))
+    model = method.prepare(model, context(backbone_dir, run_dir, tok, bb, seed, short))
     return model, method, tok
 
 
 def batch(tok):
-    items = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
-              "response": p["canonical_solution"]} for p in tiny_code(4)]
+    items = code_items(4)
     from experiments.prompts import collate
 
     return collate([encode_pair(tok, code_instruction_prompt(i), i["response"], 96) for i in items], tok.pad_token_id)
@@ -204,6 +214,67 @@ def test_gate_quantile_is_calibrated():
     site, x = unit_site()
     delta = site.delta(x).min(1).values
     assert (delta <= site.log_q.exp() * (1 + 1e-5)).float().mean().item() == pytest.approx(0.9, abs=0.01)
+
+
+def test_logistic_gate_recovers_the_bayes_boundary_of_two_gaussians():
+    """Retained log-signals ~ N(0, 1), target ~ N(2, 1): the posterior is sigmoid(2 (v - 1)), whatever the class
+    sizes (the fit is class-balanced); slope 2, threshold 1."""
+    g = torch.Generator().manual_seed(0)
+    for n_r, n_t in ((20000, 20000), (30000, 3000)):
+        log_q, slope = fit_logistic_gate(torch.randn(n_r, generator=g), 2 + torch.randn(n_t, generator=g))
+        assert log_q == pytest.approx(1.0, abs=0.05) and slope == pytest.approx(2.0, abs=0.1)
+
+
+def test_logistic_gate_never_opens_on_the_retained_side():
+    """A signal that is lower on target inputs gets a flat gate (slope 1e-3) at the median, not a reversed one."""
+    g = torch.Generator().manual_seed(1)
+    retained, target = 2 + torch.randn(5000, generator=g), torch.randn(5000, generator=g)
+    log_q, slope = fit_logistic_gate(retained, target)
+    assert slope == 1e-3
+    assert log_q == pytest.approx(float(torch.quantile(torch.cat([retained, target]).double(), 0.5)))
+
+
+def test_balanced_calibration_takes_an_equal_share_of_tokens_per_domain(tiny_backbone_dir, tmp_path):
+    """balance_domains: each retained domain gives max_tokens / 2 calibration tokens (the seeded subsample of that
+    domain alone), though the second domain has under half of math's tokens; without it, math dominates."""
+    from experiments.activations import collect_inputs
+
+    model, method, tok = prepared(tiny_backbone_dir, tmp_path / "b", short=20, balance_domains=True)
+    ctx = context(tiny_backbone_dir, tmp_path / "b", tok, tiny_model(tiny_backbone_dir)[2], short=20)
+    groups = method.retained_groups(ctx)
+    assert list(groups) == ["math", "commonsense"] and len(groups["commonsense"]) == 20
+    tokens = {k: sum(len(s["input_ids"]) for s in v) for k, v in groups.items()}
+    assert tokens["commonsense"] >= 200 and tokens["math"] > 2 * tokens["commonsense"]
+    site = method.sites[0]
+    got = method.collect(model, ctx, [site], groups, seed=5)[site.name]
+    alone = [collect_inputs(model, [site], groups[k], pad_id=tok.pad_token_id, max_tokens=200, seed=5 + j,
+                            progress=False)[site.name] for j, k in enumerate(groups)]
+    assert got.shape[0] == 400 and torch.equal(got, torch.cat(alone))
+    unbalanced = build("atlas", num_centers=4, max_tokens=400, filter_rank=4, balance_domains=False)
+    assert list(unbalanced.retained_groups(ctx)) == ["retained"]
+
+
+def test_logistic_gate_opens_more_on_target_calibration_inputs(tiny_backbone_dir, tmp_path):
+    """gate_fit=logistic on the tiny backbone: every site's slope is fitted (not 1), stored with the atlas, and the
+    mean gate on the target training tokens exceeds that on the retained calibration tokens at most sites."""
+    model, method, tok = prepared(tiny_backbone_dir, tmp_path / "g", short=20, balance_domains=True,
+                                  gate_fit="logistic", gate_signal="subspace")
+    ctx = context(tiny_backbone_dir, tmp_path / "g", tok, tiny_model(tiny_backbone_dir)[2], short=20)
+    retained = method.collect(model, ctx, method.sites, method.retained_groups(ctx), seed=0)
+    target = method.collect(model, ctx, method.sites, method.contrast_groups(ctx), seed=101)
+    named = dict(model.named_modules())
+    opens = 0
+    for s in method.sites:
+        site = named[s.modules[0]].site
+        assert float(site.gate_slope) != 1.0
+        gates = []
+        for x in (retained[s.name], target[s.name]):
+            site.clear()
+            gates.append(float(site.condition(x)[0].mean()))
+        opens += gates[1] > gates[0]
+    assert opens >= len(method.sites) - 1
+    stored, _ = load_atlas(tmp_path / "g" / "atlas.safetensors")
+    assert all(torch.equal(stored[n].gate_slope, method.atlas[n].gate_slope) for n in stored)
 
 
 def test_prepare_is_deterministic_for_a_seed_and_differs_for_another(tiny_backbone_dir, tmp_path):

@@ -57,7 +57,8 @@ def reference_residual(layer, x, A, B):
         h = torch.einsum("nde,ne->nd", pi, flat)
     res = h @ A.T @ B.T * (layer.scaling * layer.scale_factor)
     if site.use_gate:
-        gate = torch.sigmoid((delta.clamp_min(EPS).log() - site.log_q.double()) / site.gate_temperature)
+        gate = torch.sigmoid(site.gate_slope.double() * (delta.clamp_min(EPS).log() - site.log_q.double())
+                             / site.gate_temperature)
         res = res * gate[:, None]
     return res.reshape(*x.shape[:-1], -1)
 
@@ -98,6 +99,17 @@ def test_outputs_and_gradients_match_the_equation(assign, temperature, use_gate,
     y, fast, yr, ref = grads_both(layer, pts)
     close(y, yr)
     close(layer.residual(pts).detach(), reference_residual(layer, pts.double(), layer.lora_A.double(), layer.lora_B.double()))
+    for g_fast, g_ref in zip(fast, ref):
+        close(g_fast, g_ref)
+
+
+def test_a_fitted_gate_slope_matches_the_equation():
+    """g(x) = sigmoid(slope (log s(x) - log q) / T) with the atlas's slope (a logistic gate's), outputs and gradients."""
+    site, x = clustered_site(seed=7)
+    site.gate_slope = torch.tensor(2.5)
+    layer = layer_for(site, gate_temperature=0.7)
+    y, fast, yr, ref = grads_both(layer, inputs(site, x))
+    close(y, yr)
     for g_fast, g_ref in zip(fast, ref):
         close(g_fast, g_ref)
 
