@@ -16,7 +16,9 @@ Per site (the modules reading one tensor share its atlas):
   `gate_signal`), log delta(x), the filter's pass share and the residual's relative norm;
 - `rank_mean`, `at_cap_share`: the filter ranks of the site's clusters and the share of clusters whose rank
   is the cap (`filter_rank`): the energy target was not reached there.
-`mean` averages every figure over sites; `layer0` is the first site (the first block's attention input).
+`mean` averages every figure over sites; `layer0` is the first site (the first block's attention input);
+`by_domain` repeats the mean for each retained domain alone against the target (the pooled retained tokens
+follow the domains' token shares: on micro, two thirds are math).
 """
 
 from __future__ import annotations
@@ -89,9 +91,12 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
     return out
 
 
-def held_out_sequences(ctx: Any) -> tuple[list[dict], list[dict]]:
-    """(retained, target) encoded sequences of the run's evaluation split (see the module docstring)."""
-    retained = [pair_example(pair) for pair in reference_pairs(ctx.reference(), drop_empty=False, split="evaluation")]
+def held_out_sequences(ctx: Any) -> tuple[dict[str, list[dict]], list[dict]]:
+    """(retained by domain, target) encoded sequences of the run's evaluation split (see the module docstring);
+    the domains in the reference cache's name order."""
+    retained: dict[str, list[dict]] = {}
+    for pair in reference_pairs(ctx.reference(), drop_empty=False, split="evaluation"):
+        retained.setdefault(pair.domain, []).append(pair_example(pair))
     target = []
     for item in ctx.benchmark.target_eval:
         prompt = prompts.apply_template(ctx.tokenizer, prompts.code_problem_prompt(item), ctx.chat_template)
@@ -103,20 +108,31 @@ def held_out_sequences(ctx: Any) -> tuple[list[dict], list[dict]]:
 
 def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any, filter_rank: int,
                         max_tokens: Optional[int] = MAX_TOKENS, seed: int = 0) -> dict:
-    """Every site's figures, their mean over sites, and the first site's (`layer0`)."""
-    retained_seqs, target_seqs = held_out_sequences(ctx)
+    """Every site's figures, their mean over sites, the first site's (`layer0`), and per retained domain
+    (`by_domain`: that domain's tokens against the target's, each figure averaged over sites)."""
+    by_domain_seqs, target_seqs = held_out_sequences(ctx)
     kw = dict(pad_id=ctx.tokenizer.pad_token_id, batch_size=16, max_tokens=max_tokens, seed=seed,
               device=ctx.device, progress=False)
-    retained = collect_inputs(model, sites, retained_seqs, **kw)
+    retained = collect_inputs(model, sites, [s for seqs in by_domain_seqs.values() for s in seqs], **kw)
     target = collect_inputs(model, sites, target_seqs, **kw)
     named = dict(model.named_modules())
-    per_site = {}
-    for s in sites:
-        modules = [named[n] for n in s.modules]
-        per_site[s.name] = site_report(modules[0].site, modules, retained[s.name].to(ctx.device),
-                                       target[s.name].to(ctx.device), filter_rank)
-    keys = sorted({k for v in per_site.values() for k in v if not k.startswith("n_")})
-    mean = {k: sum(v[k] for v in per_site.values() if k in v) / sum(1 for v in per_site.values() if k in v)
-            for k in keys}
-    return {"sites": per_site, "mean": mean, "layer0": per_site[sites[0].name],
+
+    def report(inputs: dict[str, torch.Tensor]) -> dict[str, dict]:
+        out = {}
+        for s in sites:
+            modules = [named[n] for n in s.modules]
+            out[s.name] = site_report(modules[0].site, modules, inputs[s.name].to(ctx.device),
+                                      target[s.name].to(ctx.device), filter_rank)
+        return out
+
+    per_site = report(retained)
+    by_domain = {name: _mean(report(collect_inputs(model, sites, seqs, **kw)))
+                 for name, seqs in by_domain_seqs.items()}
+    return {"sites": per_site, "mean": _mean(per_site), "layer0": per_site[sites[0].name], "by_domain": by_domain,
             "split": getattr(ctx.benchmark, "split", None)}
+
+
+def _mean(per_site: dict[str, dict]) -> dict[str, float]:
+    keys = sorted({k for v in per_site.values() for k in v if not k.startswith("n_")})
+    return {k: sum(v[k] for v in per_site.values() if k in v) / sum(1 for v in per_site.values() if k in v)
+            for k in keys}

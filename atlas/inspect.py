@@ -55,6 +55,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{record['run_id']}: {record['method']} on {record['backbone']}/{record['benchmark']}, seed {record['seed']}; "
           f"held-out {diagnostics.get('split')} tokens, R = retained, T = target (atlas.diagnostics)")
     print(table(diagnostics))
+    for name, row in (diagnostics.get("by_domain") or {}).items():
+        print(f"{name} alone (mean over sites): gate R {row['gate_retained']:.3f} vs T {row['gate_target']:.3f}, "
+              f"AUROC gate {row['auroc_gate']:.3f}, pass R {row['filter_pass_retained']:.3f} vs T "
+              f"{row['filter_pass_target']:.3f}, AUROC pass {row['auroc_filter']:.3f}")
     return 0
 
 

@@ -65,6 +65,9 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
         assert 0.0 <= row["gate_retained"] <= 1.0 and 0.0 <= row["filter_pass_target"] <= 1.0
         assert 0.0 <= row["auroc_delta"] <= 1.0 and 0.0 <= row["at_cap_share"] <= 1.0
     assert report["layer0"]["n_retained"] > 0 and report["layer0"]["n_target"] > 0
+    assert set(report["by_domain"]) == set(ctx.reference().domains) and len(report["by_domain"]) >= 2
+    for row in report["by_domain"].values():
+        assert 0.0 <= row["gate_retained"] <= 1.0 and 0.0 <= row["auroc_gate"] <= 1.0
     assert method.costs()["diagnostics_seconds"] > 0
     record = {"run_id": "abc", "method": "atlas", "backbone": "tiny", "benchmark": "tiny", "seed": 0,
               "diagnostics": report}
@@ -72,5 +75,6 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
     assert inspect_main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "AUROC delta" in out and out.count("\n") >= len(report["sites"]) + 3 and "mean" in out
+    assert all(f"{name} alone" in out for name in report["by_domain"])
     (tmp_path / "record.json").write_text(json.dumps({**record, "diagnostics": None}))
     assert inspect_main([str(tmp_path)]) == 2
