@@ -79,7 +79,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
 class ATLAS(Method):
     """Input-conditioned plasticity from a retained-domain activation atlas (docs/method.md).
 
-    Knobs: residual scale (post-hoc `scale`), `gate_temperature`, `gate_quantile`, training steps.
+    Knobs: `conditioning` (0 = LoRA ... 1 = full conditioning) and the post-hoc residual scale (`scale`);
+    the gate's `gate_quantile` / `gate_temperature` / `gate_fit` and the atlas's size are design choices (docs/method.md).
     Ablations are switches: `num_centers=1` (global), `use_filter=false`, `use_gate=false`,
     `source=target` (atlas of target activations), `source=random` (random geometry).
     """
