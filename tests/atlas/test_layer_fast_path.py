@@ -10,12 +10,12 @@ from atlas.atlas import EPS, build_site_atlas
 from atlas.layer import AtlasLinear, AtlasSite
 
 
-def clustered_site(d=24, k=4, cap=3, seed=0):
+def clustered_site(d=24, k=4, cap=3, seed=0, gate_signal="distance"):
     """An atlas of four clusters, filter ranks from 1 to the cap (zero-padded filters included)."""
     g = torch.Generator().manual_seed(seed)
     spreads = [0.2, 0.6, 1.2, 2.0]
     x = torch.cat([torch.randn(150, d, generator=g) * spreads[j] + 5 * torch.eye(d)[j] for j in range(k)])
-    site = build_site_atlas(x, k, 0.8, cap, 0.9, seed)
+    site = build_site_atlas(x, k, 0.8, cap, 0.9, seed, gate_signal=gate_signal)
     return site, x
 
 
@@ -57,7 +57,12 @@ def reference_residual(layer, x, A, B):
         h = torch.einsum("nde,ne->nd", pi, flat)
     res = h @ A.T @ B.T * (layer.scaling * layer.scale_factor)
     if site.use_gate:
-        gate = torch.sigmoid(site.gate_slope.double() * (delta.clamp_min(EPS).log() - site.log_q.double())
+        signal = delta
+        if site.gate_signal == "subspace":  # the share of x's energy outside U_k*: ||(I - U U^T) x||^2 / ||x||^2
+            u = site.filters.double()[kstar]  # (n, d, R)
+            outside = flat - torch.einsum("ndr,ner,ne->nd", u, u, flat)
+            signal = outside.square().sum(1) / flat.square().sum(1)
+        gate = torch.sigmoid(site.gate_slope.double() * (signal.clamp_min(EPS).log() - site.log_q.double())
                              / site.gate_temperature)
         res = res * gate[:, None]
     return res.reshape(*x.shape[:-1], -1)
@@ -88,13 +93,15 @@ def close(a, b, rel=1e-4):
     torch.testing.assert_close(a.double(), b.double(), rtol=rel, atol=rel * max(scale, 1e-6))
 
 
+@pytest.mark.parametrize("gate_signal", ["distance", "subspace"])
 @pytest.mark.parametrize("assign,temperature", [("hard", 1.0), ("soft", 1.0), ("soft", 0.3)])
 @pytest.mark.parametrize("use_gate,use_filter", [(True, True), (True, False), (False, True)])
-def test_outputs_and_gradients_match_the_equation(assign, temperature, use_gate, use_filter):
-    site, x = clustered_site()
+def test_outputs_and_gradients_match_the_equation(assign, temperature, use_gate, use_filter, gate_signal):
+    site, x = clustered_site(gate_signal=gate_signal)
     ranks = site.ranks.tolist()
     assert min(ranks) < site.filters.shape[2], "the atlas should include zero-padded filters"
-    layer = layer_for(site, assign=assign, assign_temperature=temperature, use_gate=use_gate, use_filter=use_filter)
+    layer = layer_for(site, assign=assign, assign_temperature=temperature, use_gate=use_gate, use_filter=use_filter,
+                      gate_signal=gate_signal)
     pts = inputs(site, x)
     y, fast, yr, ref = grads_both(layer, pts)
     close(y, yr)
