@@ -53,6 +53,9 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     source: str
     atlas_seed: Optional[int]
 
+    #: What an export written before these fields existed was built with (`Method.read_params`).
+    EXPORT_DEFAULTS = {"gate_fit": "quantile", "balance_domains": False}
+
     def __post_init__(self) -> None:
         super().__post_init__()
         require("rank", self.rank, is_int(self.rank) and self.rank > 0, "an integer > 0")

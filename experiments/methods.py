@@ -236,10 +236,11 @@ class Method:
 
     @classmethod
     def read_params(cls, export_dir: Path) -> MethodParams:
-        """The hyperparameters `write_params` stored in `export_dir`."""
+        """The hyperparameters `write_params` stored in `export_dir`; a field added to the method after the export
+        was written takes the value the method had before it (`Params.EXPORT_DEFAULTS`)."""
         stored = json.loads((Path(export_dir) / PARAMS_FILE).read_text())
         stored.pop("_target_", None)
-        return cls.Params(**stored)
+        return cls.Params(**{**getattr(cls.Params, "EXPORT_DEFAULTS", {}), **stored})
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """Save the trainable tensors and the params into `out_dir`; return the stored tensor bytes."""

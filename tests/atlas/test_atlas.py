@@ -302,6 +302,24 @@ def test_save_and_load_reproduces_outputs_exactly(tiny_backbone_dir, tmp_path):
     assert torch.equal(fresh(**b).logits, before)
 
 
+def test_an_export_from_before_the_gate_fit_and_balance_fields_loads(tiny_backbone_dir, tmp_path):
+    """method.json written before `gate_fit` / `balance_domains` existed: read as the behaviour of that time."""
+    import json
+
+    model, method, tok = prepared(tiny_backbone_dir, tmp_path / "run")
+    method.export(model, tmp_path / "export")
+    path = tmp_path / "export" / "method.json"
+    stored = json.loads(path.read_text())
+    assert stored.pop("gate_fit") == "quantile" and stored.pop("balance_domains") is True
+    path.write_text(json.dumps(stored))
+    params = ATLAS.read_params(tmp_path / "export")
+    assert params.gate_fit == "quantile" and params.balance_domains is False
+    fresh, _, _ = tiny_model(tiny_backbone_dir)
+    ATLAS.from_export(fresh, tmp_path / "export")
+    b = batch(tok)
+    assert torch.equal(fresh(**b).logits, model(**b).logits)
+
+
 def test_scale_zero_is_the_base(tiny_backbone_dir, tmp_path):
     model, method, tok = prepared(tiny_backbone_dir, tmp_path)
     with torch.no_grad():
