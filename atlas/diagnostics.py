@@ -28,9 +28,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from atlas.layer import AtlasLinear, AtlasSite
-from experiments import prompts
 from experiments.activations import Site, collect_inputs
-from experiments.calibration import pair_example, reference_pairs
+from experiments.calibration import held_out_sequences
 
 #: Tokens per side (retained, target) per site, a seeded subsample.
 MAX_TOKENS = 4096
@@ -89,21 +88,6 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
     if float(t["residual"].abs().sum() + r["residual"].abs().sum()) > 0:
         out["auroc_residual"] = auroc(t["residual"], r["residual"])
     return out
-
-
-def held_out_sequences(ctx: Any) -> tuple[dict[str, list[dict]], list[dict]]:
-    """(retained by domain, target) encoded sequences of the run's evaluation split (see the module docstring);
-    the domains in the reference cache's name order."""
-    retained: dict[str, list[dict]] = {}
-    for pair in reference_pairs(ctx.reference(), drop_empty=False, split="evaluation"):
-        retained.setdefault(pair.domain, []).append(pair_example(pair))
-    target = []
-    for item in ctx.benchmark.target_eval:
-        prompt = prompts.apply_template(ctx.tokenizer, prompts.code_problem_prompt(item), ctx.chat_template)
-        target.append(prompts.encode_pair(ctx.tokenizer, prompt, item.get("canonical_solution") or "", ctx.max_length))
-    if not retained or not target:
-        raise ValueError("diagnostics need retained evaluation responses and target problems")
-    return retained, target
 
 
 def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any, filter_rank: int,

@@ -4,6 +4,7 @@ Every method reads retained data only from the calibration split: the base model
 (token ids, from the reference cache) or the benchmark's calibration items with their gold answers.
 Sequences are cut at the run's `ctx.max_length` exactly as `experiments.prompts.encode_pair` cuts
 training examples, so a statistic never sees a sequence longer than the training loop does.
+`held_out_sequences` gives what diagnostics measure on instead: the evaluation split, which no statistic reads.
 """
 
 from __future__ import annotations
@@ -96,3 +97,20 @@ def encode_target_item(tokenizer: Any, item: Any, chat_template: bool, max_lengt
     """One target training item as an SFT example: templated instruction prompt, response loss."""
     prompt = prompts.apply_template(tokenizer, prompts.code_instruction_prompt(item), chat_template)
     return prompts.encode_pair(tokenizer, prompt, prompts.code_instruction_response(item), max_length)
+
+
+def held_out_sequences(ctx: Any) -> tuple[dict[str, list[dict]], list[dict]]:
+    """(retained by domain, target) encoded sequences of the run's evaluation split (the dev split in a dev run):
+    retained = each domain's evaluation prompts followed by the base model's own responses (the reference cache),
+    in the cache's domain name order; target = the code problems' prompts followed by their reference solutions.
+    Neither is read by anything that fits a statistic (those read the calibration split) or trains."""
+    retained: dict[str, list[dict]] = {}
+    for pair in reference_pairs(ctx.reference(), drop_empty=False, split="evaluation"):
+        retained.setdefault(pair.domain, []).append(pair_example(pair))
+    target = []
+    for item in ctx.benchmark.target_eval:
+        prompt = prompts.apply_template(ctx.tokenizer, prompts.code_problem_prompt(item), ctx.chat_template)
+        target.append(prompts.encode_pair(ctx.tokenizer, prompt, item.get("canonical_solution") or "", ctx.max_length))
+    if not retained or not target:
+        raise ValueError("diagnostics need retained evaluation responses and target problems")
+    return retained, target

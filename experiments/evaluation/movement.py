@@ -1,0 +1,126 @@
+"""Where a trained run moved the model: mean per-token KL(base || trained) of the next-token distributions on
+held-out retained tokens (each domain alone) and on held-out target tokens.
+
+    python -m experiments.evaluation.movement runs/<run_id> [more run dirs] [--data-root DIR] [--cache-dir DIR]
+                                                  [--json out.json]
+
+The tokens are those of `experiments.calibration.held_out_sequences` on the run's own split (dev in a dev run):
+each retained domain's evaluation prompts followed by the base model's responses, and the code problems' prompts
+followed by their reference solutions; KL is taken at the response / solution tokens, in nats per token. The
+retained figures measure what the retained KL measures, on the base's own responses; the target figure says how
+far the run moved where it was meant to learn. `selectivity` = target / mean over retained domains: how much
+more the run moved target tokens than retained ones (a method that learns everywhere alike scores about 1).
+Run from the checkout the run was made in (benchmark paths in the config are relative to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from experiments import records
+
+TARGET_GROUP = "target"
+
+
+def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> Any:
+    """The validated config of a record: the record's config over the suite's defaults (presentation keys such as
+    `benchmark.data_root` and `eval.cache_dir` are not part of a record; `data_root` and `cache_dir` set them)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from experiments.config import CONF, validate_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[])
+    with open_dict(cfg):
+        for key, value in record["config"].items():
+            cfg[key] = value if key in ("method", "seed") else OmegaConf.merge(cfg[key], value)
+        cfg.benchmark.data_root = data_root
+        cfg.eval.cache_dir = cache_dir
+    return validate_config(cfg)
+
+
+@torch.no_grad()
+def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequence[dict], pad_id: int,
+             batch_size: int = 16) -> torch.Tensor:
+    """(n,) KL(base || trained) in nats at every labelled token (labels != -100) of `sequences`, float32."""
+    from experiments.prompts import collate
+
+    out = []
+    for i in range(0, len(sequences), batch_size):
+        batch = collate(list(sequences[i:i + batch_size]), pad_id)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        p = torch.log_softmax(base(**inputs).logits.float(), -1)
+        q = torch.log_softmax(trained(**inputs).logits.float(), -1)
+        mask = batch["labels"] != -100  # the position predicting a labelled token is the one before it
+        mask = torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], dim=1)
+        out.append((p.exp() * (p - q)).sum(-1)[mask])
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def movement(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
+    """Mean per-token KL(base || trained) per retained domain and on the target, and the selectivity, of one run
+    (the base's responses come from the reference cache in `cache_dir`, as evaluation resolves it)."""
+    from experiments.backbones import backbone_key, load_backbone, load_model
+    from experiments.config import eval_config
+    from experiments.data.benchmark import build_benchmark
+    from experiments.calibration import held_out_sequences
+    from experiments.evaluation.reference_cache import get_reference
+    from experiments.job import run_context
+    from experiments.methods import method_class
+
+    run_dir = Path(run_dir)
+    record = records.read_record(run_dir)
+    if record is None or record.get("status") != records.STATUS_COMPLETE:
+        raise ValueError(f"{run_dir}: no complete record.json")
+    export = run_dir / "export"
+    if not export.is_dir():
+        raise ValueError(f"{run_dir}: no export/ folder (a method that trains nothing moves nothing)")
+    typed = config_of(record, data_root, cache_dir)
+    benchmark = build_benchmark(typed.benchmark)
+    base, tokenizer = load_backbone(typed.backbone)
+    reference = lambda: get_reference(base, tokenizer, benchmark, eval_config(typed),  # noqa: E731
+                                      backbone_key(typed.backbone), typed.backbone.chat_template)
+    ctx = run_context(typed, tokenizer, benchmark, run_dir, reference_fn=reference)
+    retained, target = held_out_sequences(ctx)
+    trained = method_class(typed.method._target_).load_export(load_model(typed.backbone), export)
+    trained.eval()
+    kl = {name: float(token_kl(base, trained, seqs, tokenizer.pad_token_id).mean()) for name, seqs in retained.items()}
+    kl[TARGET_GROUP] = float(token_kl(base, trained, target, tokenizer.pad_token_id).mean())
+    mean_retained = sum(kl[name] for name in retained) / len(retained)
+    return {"run_id": record["run_id"], "method": record.get("method"), "seed": record.get("seed"),
+            "split": record.get("split"), "kl": kl,
+            "selectivity": kl[TARGET_GROUP] / mean_retained if mean_retained > 0 else float("inf")}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.evaluation.movement",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument("--data-root", default=None, help="the benchmark's data_root, as the run had it")
+    parser.add_argument("--cache-dir", default=None, help="the reference cache folder, as the run had it (eval.cache_dir)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file")
+    args = parser.parse_args(argv)
+    out = []
+    for run_dir in args.run_dirs:
+        try:
+            res = movement(run_dir, args.data_root, args.cache_dir)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        out.append(res)
+        cells = ", ".join(f"{name} {value:.3f}" for name, value in res["kl"].items())
+        print(f"{res['run_id']} {res['method']} seed {res['seed']} ({res['split']}): KL(base || trained) per token: "
+              f"{cells}; selectivity {res['selectivity']:.1f}")
+    if args.json:
+        records.atomic_write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
