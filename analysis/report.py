@@ -75,6 +75,22 @@ def _md(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def code_versions(runs: pd.DataFrame) -> list[dict]:
+    """The code versions the runs were made with: one entry per (git sha, dirty flag), with its run count and
+    methods, most runs first; runs without provenance count as sha `unknown`."""
+    if runs.empty:
+        return []
+    sha = runs["provenance/git_sha"] if "provenance/git_sha" in runs.columns else pd.Series([None] * len(runs))
+    dirty = runs["provenance/git_dirty"] if "provenance/git_dirty" in runs.columns else pd.Series([None] * len(runs))
+    frame = pd.DataFrame({"sha": sha.fillna("unknown").astype(str).values,
+                          "dirty": dirty.map(lambda d: bool(d) if isinstance(d, (bool, int)) else None).values,
+                          "method": runs["method"].values})
+    out = []
+    for (s, d), g in frame.groupby(["sha", frame["dirty"].astype(str)], sort=True):
+        out.append({"sha": s, "dirty": g["dirty"].iloc[0], "runs": len(g), "methods": M.ordered(g["method"].unique())})
+    return sorted(out, key=lambda v: (-v["runs"], v["sha"]))
+
+
 def warnings_of(a: Analysis) -> list[str]:
     """Sweep points whose runs differ outside the knobs (several runs for one seed, or other config)."""
     out = []
@@ -86,6 +102,10 @@ def warnings_of(a: Analysis) -> list[str]:
     for _, r in multi.iterrows():
         out.append(f"{r['method']} on {group_label(r['backbone'], r['benchmark'])}, sweep point {r['sweep_key']}, "
                    f"seed {int(r['seed'])}: {int(r['n_runs'])} runs that differ outside the knobs; their mean is used.")
+    versions = code_versions(runs)
+    if len(versions) > 1:
+        out.append(f"the runs come from {len(versions)} code versions (see Code versions): a table may compare "
+                   "numbers computed by different code.")
     if "config_key" in runs.columns:
         n_cfg = runs.groupby("sweep_key")["config_key"].nunique()
         for key in sorted(n_cfg[n_cfg > 1].index):
@@ -114,6 +134,13 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
                 seeds = ",".join(str(int(s)) for s in sorted(gm["seed"].unique()))
                 lines.append(f"| {_md(bb)} | {_md(bench)} | {_md(method)} | {len(gm)} | {gm['sweep_key'].nunique()} "
                              f"| {seeds} |")
+        lines.append("")
+    versions = code_versions(runs)
+    if versions:
+        lines += ["## Code versions", "", "| Commit | Uncommitted changes | Runs | Methods |", "|:---|:---|---:|:---|"]
+        for v in versions:
+            dirty = "unknown" if v["dirty"] is None else ("yes" if v["dirty"] else "no")
+            lines.append(f"| {_md(v['sha'][:12])} | {dirty} | {v['runs']} | {_md(', '.join(v['methods']))} |")
         lines.append("")
     warns = warnings_of(a)
     if warns:

@@ -68,6 +68,20 @@ def test_report_writes_every_table_figure_and_index(report):
     assert "unparseable JSON" in index and "fedcba9876543210" in index
     assert "| micro | micro | atlas | 9 | 3 | 0,1,2 |" in index
     assert "| micro | micro | 75% of gain | 0.3100 |" in index
+    assert "## Code versions" in index and "| abc | no | 27 |" in index and "code versions (see" not in index
+
+
+def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
+    records = [r for r in scenario() if r["backbone"] == "micro"]
+    for i, rec in enumerate(records):
+        if i % 3 == 0:
+            rec["provenance"] |= {"git_sha": "0123456789abcdef", "git_dirty": True}
+        write(tmp_path / "runs", rec)
+    index = (write_report([str(tmp_path / "runs")], tmp_path / "report").folder / "index.md").read_text()
+    older = sum(1 for i in range(len(records)) if i % 3 == 0)
+    assert f"| abc | no | {len(records) - older} |" in index
+    assert f"| 0123456789ab | yes | {older} |" in index
+    assert "the runs come from 2 code versions (see Code versions)" in index
 
 
 def test_report_tables_hold_the_known_values(report):
