@@ -32,7 +32,7 @@ WANDB_STATES = {
 }
 
 
-RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", "__pycache__")
+RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", schema.SUPERSEDED_DIR, "__pycache__")
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 
 

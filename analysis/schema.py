@@ -27,6 +27,7 @@ RECORD_NAME = "record.json"
 CODE_SAMPLES_NAME = "code_samples.json"
 #: A run's records at post-hoc scales other than 1: <run_dir>/scales/<alpha>/record.json.
 SCALES_DIR = "scales"
+SUPERSEDED_DIR = "superseded"  # <run_dir>/superseded/<sha12>/: records of a run made again by newer code
 SCHEMA_VERSION = 1  # what the runtime writes
 SCHEMA_VERSIONS = (1,)  # what analysis reads
 STATUS_COMPLETE = "complete"

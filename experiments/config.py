@@ -195,6 +195,7 @@ class RunConfig:
     logger: LoggerConfig = MISSING
     seed: int = MISSING
     run_root: str = MISSING
+    rerun_before: Optional[str] = MISSING
     hydra: Any = None
     experiment: Any = None
 
@@ -287,6 +288,12 @@ def _validate(data: dict) -> DictConfig:
         _positive(f"train.{key}", tr[key])
     if tr.warmup_steps < 0:
         _fail("train.warmup_steps", tr.warmup_steps, "must be >= 0")
+
+    if typed.rerun_before is not None:
+        from experiments.rerun import resolve_commit
+
+        if resolve_commit(str(typed.rerun_before)) is None:
+            _fail("rerun_before", typed.rerun_before, "a commit of this checkout (a sha, tag or branch git can resolve)")
 
     lg = typed.logger
     if lg.kind not in LOGGERS:

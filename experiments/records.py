@@ -45,6 +45,7 @@ PRESENTATION_KEYS = (
     "train.num_threads",
     "eval.cache_dir",
     "eval.sandbox_workers",
+    "rerun_before",  # which records count as stale, not what a run computes
     "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
     "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
 )
@@ -132,7 +133,8 @@ def is_complete(run_dir: Path, run_id: str, scales: Any = ()) -> bool:
     return True
 
 
-def _git(*args: str) -> Optional[str]:
+def git_output(*args: str) -> Optional[str]:
+    """Stdout of `git ARGS` in the code's checkout (stripped), or None when git fails or is absent."""
     try:
         out = subprocess.run(
             ["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=10
@@ -150,10 +152,10 @@ def provenance(started: Optional[datetime] = None) -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = git_output("status", "--porcelain", "--untracked-files=no")
     now = datetime.now(timezone.utc).isoformat()
     return {
-        "git_sha": _git("rev-parse", "HEAD"),
+        "git_sha": git_output("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
         "packages": versions,
         "python": platform.python_version(),

@@ -1,0 +1,73 @@
+"""Re-running runs made by older code: `rerun_before=<commit>`.
+
+The run id hashes the config, not the code, so a record made by older method code is found and reused
+as it is. With `rerun_before=<commit>` a run whose record (complete, interrupted or failed) was made by a
+commit that is an ancestor of <commit>, by a commit this checkout does not know, or by code of unknown
+version, is run again from scratch: its records move to `<run_dir>/superseded/<sha12>/` (kept for reference;
+analysis does not read them) and every other output of the earlier attempt (checkpoints, exports, method
+statistics, post-hoc scale records) is removed, so nothing computed by the older code is resumed or reused.
+A record made by <commit> itself or by a later commit is kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from analysis.schema import SUPERSEDED_DIR
+from experiments import records
+
+#: What a re-run keeps in the run directory: Hydra's files of this launch, the run's log, earlier superseded records.
+KEEP = (".hydra", "run.log", SUPERSEDED_DIR)
+
+
+def resolve_commit(commit: str) -> Optional[str]:
+    """The full sha of `commit` (a sha, tag or branch of this checkout), or None when git cannot resolve it."""
+    return records.git_output("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+
+
+def stale_reason(run_dir: Path, commit: str) -> Optional[str]:
+    """Why the record in `run_dir` counts as made by code older than `commit` (a full sha), or None when it does
+    not (no record, or made by `commit` or a later commit)."""
+    record = records.read_record(run_dir)
+    if record is None:
+        return None
+    sha = (record.get("provenance") or {}).get("git_sha")
+    if not sha:
+        return "its record has no code version"
+    if sha == commit:
+        return None
+    if records.git_output("cat-file", "-e", f"{sha}^{{commit}}") is None:
+        return f"its record was made by commit {sha[:12]}, which this checkout does not know"
+    if records.git_output("merge-base", "--is-ancestor", sha, commit) is not None:
+        return f"its record was made by commit {sha[:12]}, older than {commit[:12]}"
+    return None
+
+
+def supersede(run_dir: Path) -> Path:
+    """Move the run's records (its own and every post-hoc scale's) to `<run_dir>/superseded/<sha12>/` and remove
+    every other output of it except `KEEP`; return the folder the records went to."""
+    run_dir = Path(run_dir)
+    record = records.read_record(run_dir) or {}
+    sha = ((record.get("provenance") or {}).get("git_sha") or "unknown")[:12]
+    dest = run_dir / SUPERSEDED_DIR / sha
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = run_dir / SUPERSEDED_DIR / f"{sha}-{n}"
+    dest.mkdir(parents=True)
+    found = [run_dir / records.RECORD_NAME, *sorted((run_dir / records.SCALES_DIR).glob(f"*/{records.RECORD_NAME}"))]
+    for path in found:
+        if path.is_file():
+            target = dest / path.relative_to(run_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.replace(target)
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name in KEEP:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return dest
