@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import tempfile
 import time
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments import prompts as P
+from experiments.disk_cache import sha256_of
 from experiments.evaluation.config import EvalConfig, require_eval_config
 from experiments.evaluation.generation import generate, pad_token_id
 from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, get_reference
@@ -95,6 +98,28 @@ def _timed_generate(timing: dict, *args, **kwargs):
     return res
 
 
+#: KL below minus this (nats per token) cannot come from rounding the base's stored log-probs: something is broken.
+KL_NEGATIVE_TOLERANCE = 1e-3
+
+
+class ImpossibleMetricError(RuntimeError):
+    """A measured value that cannot be right (NaN or infinite KL, KL below zero beyond rounding): the run fails
+    instead of recording it as complete."""
+
+
+def check_kl(domain: str, kl: dict, source: Any) -> None:
+    """Raise `ImpossibleMetricError` when a domain's retained KL over its response tokens is NaN, infinite or
+    negative beyond `KL_NEGATIVE_TOLERANCE` (a domain without response tokens has no KL: NaN is its value)."""
+    if not kl.get("n_tokens"):
+        return
+    for key in ("kl_token_mean", "kl_seq_mean"):
+        value = kl[key]
+        if not math.isfinite(value) or value < -KL_NEGATIVE_TOLERANCE:
+            raise ImpossibleMetricError(
+                f"retained KL of {domain}: {key} = {value} cannot be right (KL is finite and >= 0); the base's "
+                f"cached log-probs ({source}) or the model's outputs are broken")
+
+
 def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing):
     from experiments.evaluation.answers import accuracy, answer_change_rate, choice_flip_rate, extract_math_answer
 
@@ -107,6 +132,7 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
         kl = retained_kl(model, ev.prompt_ids, ev.response_ids, ev.logprobs, pad_id=pad_id,
                          batch_size=cfg.scoring_batch_size, progress=progress, desc=f"retained KL {name}")
         kl_s += time.perf_counter() - t
+        check_kl(name, kl, ref.path)
         entry: dict[str, Any] = {k: kl[k] for k in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n")}
         entry["kl_storage"] = kl["mode"]
         if dom.kind == "math":
@@ -233,18 +259,33 @@ def _lm_eval(model, base_model, tokenizer, benchmark, cfg: EvalConfig, chat_temp
         adapted = run_lm_eval(model, tokenizer, **kw)
         # The base's numbers are the same for every run of a sweep: kept next to the reference cache.
         base_file = ref.path / f"lm_eval_base-{_lm_eval_key(cfg, chat_template, tmp_dir)}.json"
-        if base_file.is_file():
-            base = json.loads(base_file.read_text())
-        else:
+        base = _read_checked(base_file)
+        if base is None:
             base = run_lm_eval(_resolve(base_model), tokenizer, **kw)
             tmp_file = base_file.with_name(f".{base_file.name}.tmp-{os.getpid()}")
-            tmp_file.write_text(json.dumps(base))
+            tmp_file.write_text(json.dumps({"results": base, "sha256": sha256_of(base)}))
             os.replace(tmp_file, base_file)
     delta = {
         task: {m: adapted[task][m] - base[task][m] for m in adapted[task] if m != "n" and m in base.get(task, {})}
         for task in adapted
     }
     return {"adapted": adapted, "base": base, "delta": delta}
+
+
+def _read_checked(path: Path) -> Any:
+    """The results stored in `path` with their checksum, or None when there is no file; a file that cannot be
+    read or whose checksum does not match is reported in one warning line and treated as absent."""
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        if stored["sha256"] == sha256_of(stored["results"]):
+            return stored["results"]
+        problem = "does not match its checksum"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problem = f"cannot be read ({type(exc).__name__})"
+    logging.getLogger("suite.cache").warning("lm-eval base numbers %s %s; computing them again", path, problem)
+    return None
 
 
 def _lm_eval_key(cfg: EvalConfig, chat_template: bool, local_dir: Path) -> str:

@@ -15,8 +15,9 @@ and, on the evaluation split only (the split answer-level metrics are reported o
   are greedy they are reused, otherwise one extra greedy pass runs on the evaluation prompts);
 - choice: each choice's log-likelihood and the base's raw and normalised choices.
 
-It is stored under `cache_dir/ref-<backbone>-<key>/` (manifest.json + one safetensors file per
-split), written into a temporary folder and moved into place with `os.replace`, and built under
+It is stored under `cache_dir/ref-<backbone>-<key>/` (manifest.json, written last with the sha256 of
+every file, + one safetensors file per split; a load verifies the checksums and rebuilds an entry whose
+files are missing, truncated or altered), written into a temporary folder and moved into place with `os.replace`, and built under
 an exclusive `fcntl` lock so concurrent runs of a sweep build it once. The key hashes everything
 the contents depend on (see `reference_key`): a later call with the same key loads it and runs
 no base forward pass at all; `base_model` may be a zero-argument callable so that a cache hit
@@ -39,7 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from experiments import prompts as P
-from experiments.disk_cache import exclusive_lock, is_complete
+from experiments.disk_cache import exclusive_lock, file_checksums, is_complete, usable
 from experiments.evaluation.config import EvalConfig
 from experiments.evaluation.generation import encode_prompts, generate, pad_token_id
 from experiments.evaluation.retained_kl import (
@@ -247,17 +248,13 @@ def get_reference(
     path = cache_path(cfg, backbone_key, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    if _complete(path, key):
+    if usable(path, key, "reference cache"):
         return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=0.0, t0=t0)
     with exclusive_lock(path.parent / f"{path.name}.lock") as lock_wait_s:
-        if _complete(path, key):  # another process built it while we waited
+        if is_complete(path, key):  # another process built it while we waited
             return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=lock_wait_s, t0=time.perf_counter())
         _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path, progress)
     return _load(path, key, benchmark, cfg, hit=False, lock_wait_s=lock_wait_s, t0=time.perf_counter())
-
-
-def _complete(path: Path, key: str) -> bool:
-    return is_complete(path, key)
 
 
 def _choose_mode(vocab: int, n_tokens: int, cfg: EvalConfig) -> str:
@@ -348,6 +345,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
             "build_s": build_s,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "domains": manifest_domains,
+            "files": file_checksums(tmp),  # verified on every load (experiments.disk_cache.check_entry)
         }
         tmp_manifest = tmp / "manifest.json.tmp"
         tmp_manifest.write_text(json.dumps(manifest))

@@ -37,3 +37,40 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
         disk_cache.get_or_build(path, "k", boom)
     assert not path.exists() and not disk_cache.is_complete(path, "k")
     assert [p.name for p in tmp_path.iterdir()] == ["entry.lock"]
+
+
+@pytest.mark.parametrize("damage", ["alter", "truncate", "delete", "manifest", "old"])
+def test_a_broken_entry_is_reported_and_rebuilt_never_read(tmp_path, damage, caplog):
+    """Files are checked against the checksums the manifest holds (written last): any damage is named in one
+    warning line with the entry's path, and the entry is rebuilt instead of returned."""
+    calls = []
+
+    def build(folder):
+        calls.append(1)
+        (folder / "data.bin").write_bytes(bytes(range(256)) * 8)
+        (folder / "sub").mkdir()
+        (folder / "sub" / "more.txt").write_text("fisher")
+
+    path = tmp_path / "entry"
+    disk_cache.get_or_build(path, "k", build)
+    manifest = json.loads((path / disk_cache.MANIFEST).read_text())
+    assert set(manifest["files"]) == {"data.bin", "sub/more.txt"} and disk_cache.check_entry(path, "k") == "ok"
+    (path / "added_later.json").write_text("{}")  # a file added after the build is not part of the entry
+    assert disk_cache.check_entry(path, "k") == "ok"
+    data = path / "data.bin"
+    if damage == "alter":  # same size, one byte changed
+        raw = bytearray(data.read_bytes()); raw[100] ^= 0xFF; data.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        data.write_bytes(data.read_bytes()[:300])
+    elif damage == "delete":
+        (path / "sub" / "more.txt").unlink()
+    elif damage == "manifest":
+        (path / disk_cache.MANIFEST).write_text('{"key": "k", "files": {"data')
+    else:  # an entry written before checksums existed
+        manifest.pop("files"); (path / disk_cache.MANIFEST).write_text(json.dumps(manifest))
+    problem = disk_cache.check_entry(path, "k")
+    assert problem not in ("ok", "absent") and not disk_cache.is_complete(path, "k")
+    with caplog.at_level("WARNING", logger="suite.cache"):
+        entry = disk_cache.get_or_build(path, "k", build)
+    assert not entry.stats["hit"] and len(calls) == 2 and disk_cache.check_entry(path, "k") == "ok"
+    assert [r.getMessage() for r in caplog.records] == [f"cache entry {path} is broken: {problem}; rebuilding it"]

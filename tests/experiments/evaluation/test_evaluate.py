@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from eval_tiny_lm import perturbed_copy, tiny_model, tiny_tokenizer
 from omegaconf import OmegaConf
@@ -141,6 +143,11 @@ def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):
     assert out["base"] == out["adapted"]
     cached = list(ev.get_reference(model, tok, bench_with_code(), cfg, "tiny/e2e", False).path.glob("lm_eval_base-*.json"))
     assert len(cached) == 1
+    stored = json.loads(cached[0].read_text())
+    stored["results"]["atlas_commonsense"]["acc"] = 0.123  # altered, still valid JSON: detected and recomputed
+    cached[0].write_text(json.dumps(stored))
+    again = ev.evaluate_run(model, model, tok, bench_with_code(), cfg, "tiny/e2e", chat_template=False, progress=False)
+    assert again["lm_eval"]["base"] == out["base"] and json.loads(cached[0].read_text())["results"] == out["base"]
     bad = _cfg(tmp_path, lm_eval_tasks=["atlas_nope"], max_target_problems=1)
     with pytest.raises(ValueError, match="atlas_nope"):
         ev.evaluate_run(model, model, tok, bench_with_code(), bad, "tiny/e2e", chat_template=False, progress=False)

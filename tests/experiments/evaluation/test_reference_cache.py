@@ -191,3 +191,51 @@ def test_failed_build_leaves_nothing_behind(lm, tmp_path, monkeypatch):
         rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
     leftovers = [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
     assert leftovers == []
+
+
+def test_an_altered_cache_is_detected_rebuilt_and_the_base_against_itself_is_zero_again(lm, tmp_path, caplog):
+    """A third of one split's cached log-prob rows perturbed, the safetensors header intact: read as it is, the
+    base measured against itself would show a large KL. The load detects the checksum mismatch, names the entry
+    in one warning line and rebuilds it; KL is 0 again. A truncated file is rebuilt the same way."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from experiments.evaluation.evaluate import ImpossibleMetricError, check_kl
+    from experiments.evaluation.generation import pad_token_id
+    from experiments.evaluation.retained_kl import CachedLogprobs, retained_kl
+
+    model, tok = lm
+    bench, cfg = fake_benchmark(), _cfg(tmp_path)
+    ref = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    manifest = json.loads((ref.path / "manifest.json").read_text())
+    meta = manifest["domains"]["math"]["splits"]["evaluation"]
+    path = ref.path / meta["tensors"]
+    tensors = load_file(str(path))
+    full = tensors["full"].clone()
+    full[::3] = torch.log_softmax(torch.randn(full[::3].shape, generator=torch.Generator().manual_seed(0)) * 4, -1)
+    save_file({**tensors, "full": full}, str(path))
+    ev = ref.domains["math"].evaluation
+
+    def kl(cached):
+        return retained_kl(model, ev.prompt_ids, ev.response_ids, cached, pad_id=pad_token_id(tok), batch_size=2,
+                           progress=False)
+
+    assert kl(CachedLogprobs.from_tensors("full", "float32", {**tensors, "full": full}))["kl_token_mean"] > 0.1
+    with caplog.at_level("WARNING", logger="suite.cache"):
+        again = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    assert not again.stats["hit"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reference cache {ref.path} is broken: {meta['tensors']} does not match its checksum (truncated or "
+        "altered); rebuilding it"]
+    assert abs(kl(again.domains["math"].evaluation.logprobs)["kl_token_mean"]) < 1e-6
+
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    rebuilt = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    assert not rebuilt.stats["hit"] and rc.get_reference(model, tok, bench, cfg, "tiny/test", False).stats["hit"]
+
+    check_kl("math", {"kl_token_mean": 0.0, "kl_seq_mean": -5e-4, "n_tokens": 3}, path)  # rounding: accepted
+    check_kl("math", {"kl_token_mean": float("nan"), "kl_seq_mean": float("nan"), "n_tokens": 0}, path)
+    for bad in (float("nan"), float("inf"), -0.01):
+        with pytest.raises(ImpossibleMetricError, match="cannot be right"):
+            check_kl("math", {"kl_token_mean": bad, "kl_seq_mean": 0.0, "n_tokens": 3}, path)
