@@ -101,6 +101,7 @@ def required_scales(typed: Any) -> list[float]:
 def run(cfg: DictConfig) -> dict:
     """Run (or skip) one job and return its result record."""
     console()
+    records.code_version()  # the code this process imported, before anything can be committed meanwhile
     typed = validate_config(cfg)
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = records.run_id_of(resolved)

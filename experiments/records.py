@@ -144,19 +144,33 @@ def git_output(*args: str) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+_CODE_VERSION: Optional[tuple[Optional[str], Optional[bool]]] = None
+
+
+def code_version() -> tuple[Optional[str], Optional[bool]]:
+    """(git sha, dirty flag) of the checkout, read once per process: a process runs the code it imported when it
+    started, so a commit made while it runs does not change what its records say (call it early)."""
+    global _CODE_VERSION
+    if _CODE_VERSION is None:
+        status = git_output("status", "--porcelain", "--untracked-files=no")
+        _CODE_VERSION = (git_output("rev-parse", "HEAD"), None if status is None else bool(status))
+    return _CODE_VERSION
+
+
 def provenance(started: Optional[datetime] = None) -> dict:
-    """Git sha and dirty flag of the code, package versions, host, Python, and start/end times (UTC, ISO 8601)."""
+    """Git sha and dirty flag of the code (`code_version`), package versions, host, Python, and start/end times
+    (UTC, ISO 8601)."""
     versions = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    status = git_output("status", "--porcelain", "--untracked-files=no")
+    sha, dirty = code_version()
     now = datetime.now(timezone.utc).isoformat()
     return {
-        "git_sha": git_output("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "git_sha": sha,
+        "git_dirty": dirty,
         "packages": versions,
         "python": platform.python_version(),
         "host": socket.gethostname(),

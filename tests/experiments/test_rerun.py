@@ -88,3 +88,14 @@ def test_a_sweep_plans_an_older_complete_run_instead_of_skipping_it(tmp_path):
     assert _stale(SimpleNamespace(rerun_before="HEAD"), tmp_path / "run")
     assert not _stale(SimpleNamespace(rerun_before=PARENT), tmp_path / "run")
     assert not _stale(SimpleNamespace(rerun_before=None), tmp_path / "run")
+
+
+def test_a_record_names_the_code_its_process_started_with(monkeypatch):
+    """The code version is read once per process: a commit made while a run trains does not relabel its record."""
+    monkeypatch.setattr(records, "_CODE_VERSION", None)
+    answers = {("rev-parse", "HEAD"): PARENT, ("status", "--porcelain", "--untracked-files=no"): ""}
+    monkeypatch.setattr(records, "git_output", lambda *args: answers[args])
+    assert records.code_version() == (PARENT, False)
+    answers[("rev-parse", "HEAD")] = HEAD  # committed meanwhile
+    prov = records.provenance()
+    assert (prov["git_sha"], prov["git_dirty"]) == (PARENT, False)
