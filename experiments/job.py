@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import records
+from experiments import records, rerun
 from experiments.backbones import (
     BackboneError,
     backbone_key,
@@ -106,14 +106,11 @@ def run(cfg: DictConfig) -> dict:
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = records.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
-    if typed.rerun_before is not None:
-        from experiments import rerun
-
-        reason = rerun.stale_reason(run_dir, rerun.resolve_commit(str(typed.rerun_before)) or "")
-        if reason:
-            kept = rerun.supersede(run_dir)
-            log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
-                     run_id, reason, typed.rerun_before, kept)
+    reason = rerun.requested(typed.rerun_before, run_dir)
+    if reason:
+        kept = rerun.supersede(run_dir)
+        log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
+                 run_id, reason, typed.rerun_before, kept)
     if records.is_complete(run_dir, run_id, required_scales(typed)):
         log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
         return records.read_record(run_dir)

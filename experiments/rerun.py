@@ -45,6 +45,14 @@ def stale_reason(run_dir: Path, commit: str) -> Optional[str]:
     return None
 
 
+def requested(rerun_before: Optional[str], run_dir: Path) -> Optional[str]:
+    """Why `rerun_before` (the config's value; None = never) asks for the run in `run_dir` to be made again, or
+    None (no such request, or its record is not older)."""
+    if rerun_before is None:
+        return None
+    return stale_reason(run_dir, resolve_commit(str(rerun_before)) or str(rerun_before))
+
+
 def supersede(run_dir: Path) -> Path:
     """Move the run's records (its own and every post-hoc scale's) to `<run_dir>/superseded/<sha12>/` and remove
     every other output of it except `KEEP`; return the folder the records went to."""

@@ -103,6 +103,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
 
     Raises ConfigError naming each job whose config is invalid (nothing has been launched then).
     """
+    from experiments import rerun
     from experiments.config import ConfigError, validate_config
     from experiments.job import USER_ERRORS, required_scales
 
@@ -139,7 +140,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         if first is not None:
             # Overrides that do not change the science (logger, progress, ...) give the same run: run it once.
             run.state, run.reason = DUPLICATE, f"same run (id and directory) as job #{first.index}"
-        elif records.is_complete(run_dir, run_id, scales) and not _stale(typed, run_dir):
+        elif records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
             run.state, run.reason = SKIPPED, "complete record before launch"
         plan.append(run)
     if errors:
@@ -148,15 +149,6 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         raise ConfigError(f"{len(errors)} of {len(job_overrides)} sweep jobs have an invalid config; nothing was "
                           "launched:\n" + "\n".join(lines))
     return plan
-
-
-def _stale(typed: Any, run_dir: Path) -> bool:
-    """Whether `rerun_before` asks for this run to be made again (its record comes from older code)."""
-    if typed.rerun_before is None:
-        return False
-    from experiments import rerun
-
-    return rerun.stale_reason(run_dir, rerun.resolve_commit(str(typed.rerun_before)) or "") is not None
 
 
 def plan_or_exit(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],

@@ -79,15 +79,13 @@ def test_an_unknown_commit_is_rejected_before_any_work(tiny_backbone_dir, tiny_b
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob(RECORD_NAME))
 
 
-def test_a_sweep_plans_an_older_complete_run_instead_of_skipping_it(tmp_path):
-    from types import SimpleNamespace
-
-    from hydra_plugins.atlas_sweep.planner import _stale
+def test_what_rerun_before_asks_for(tmp_path):
+    """The check the job and the sweep planner share: None never asks; a commit asks for records older than it."""
+    from experiments.rerun import requested
 
     write_record(tmp_path / "run", PARENT)
-    assert _stale(SimpleNamespace(rerun_before="HEAD"), tmp_path / "run")
-    assert not _stale(SimpleNamespace(rerun_before=PARENT), tmp_path / "run")
-    assert not _stale(SimpleNamespace(rerun_before=None), tmp_path / "run")
+    assert "older than" in requested("HEAD", tmp_path / "run")
+    assert requested(PARENT, tmp_path / "run") is None and requested(None, tmp_path / "run") is None
 
 
 def test_a_record_names_the_code_its_process_started_with(monkeypatch):
