@@ -18,9 +18,9 @@ and, on the evaluation split only (the split answer-level metrics are reported o
 It is stored under `cache_dir/ref-<backbone>-<key>/` (manifest.json, written last with the sha256 of
 every file, + one safetensors file per split; a load verifies the checksums and rebuilds an entry
 whose files are missing, truncated or altered), written into a temporary folder and moved into place
-with `os.replace`, and built under an exclusive `fcntl` lock so concurrent runs of a sweep build it once. The key hashes everything
-the contents depend on (see `reference_key`): a later call with the same key loads it and runs
-no base forward pass at all; `base_model` may be a zero-argument callable so that a cache hit
+with `os.replace`, and built under an exclusive `fcntl` lock so concurrent runs of a sweep build it
+once. The key hashes everything the contents depend on (see `reference_key`): a later call with the
+same key loads it and runs no base forward pass at all; `base_model` may be a zero-argument callable so that a cache hit
 does not even load the base.
 """
 
