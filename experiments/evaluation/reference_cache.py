@@ -20,8 +20,8 @@ every file, + one safetensors file per split; a load verifies the checksums and 
 whose files are missing, truncated or altered), written into a temporary folder and moved into place
 with `os.replace`, and built under an exclusive `fcntl` lock so concurrent runs of a sweep build it
 once. The key hashes everything the contents depend on (see `reference_key`): a later call with the
-same key loads it and runs no base forward pass at all; `base_model` may be a zero-argument callable so that a cache hit
-does not even load the base.
+same key loads it and runs no base forward pass at all; `base_model` may be a zero-argument
+callable so that a cache hit does not even load the base.
 """
 
 from __future__ import annotations
