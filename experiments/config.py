@@ -196,6 +196,7 @@ class RunConfig:
     seed: int = MISSING
     run_root: str = MISSING
     rerun_before: Optional[str] = MISSING
+    wait_if_running: bool = MISSING
     hydra: Any = None
     experiment: Any = None
 

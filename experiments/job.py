@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import records, rerun
+from experiments import records, rerun, run_lock
 from experiments.backbones import (
     BackboneError,
     backbone_key,
@@ -106,20 +106,29 @@ def run(cfg: DictConfig) -> dict:
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = records.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
-    reason = rerun.requested(typed.rerun_before, run_dir)
-    if reason:
-        kept = rerun.supersede(run_dir)
-        log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
-                 run_id, reason, typed.rerun_before, kept)
-    if records.is_complete(run_dir, run_id, required_scales(typed)):
+    scales = required_scales(typed)
+    if records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
         log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
         return records.read_record(run_dir)
 
     method: Method = build_method(typed.method)
     preflight_backbone(typed.backbone)
     benchmark = build_benchmark(typed.benchmark)
+    with run_lock.hold(run_dir, wait=typed.wait_if_running):
+        reason = rerun.requested(typed.rerun_before, run_dir)
+        if reason:
+            kept = rerun.supersede(run_dir)
+            log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
+                     run_id, reason, typed.rerun_before, kept)
+        elif records.is_complete(run_dir, run_id, scales):  # finished by the launch this one waited for
+            log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
+            return records.read_record(run_dir)
+        return _launch(typed, resolved, run_id, run_dir, method, benchmark)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+
+def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, method: Method,
+            benchmark: Benchmark) -> dict:
+    """Write the run's log and record while the job loads, prepares, trains and evaluates (under the run's lock)."""
     with run_log(run_dir):
         for dom in benchmark.retained.values():
             if dom.dropped_calibration:

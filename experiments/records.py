@@ -46,6 +46,7 @@ PRESENTATION_KEYS = (
     "eval.cache_dir",
     "eval.sandbox_workers",
     "rerun_before",  # which records count as stale, not what a run computes
+    "wait_if_running",
     "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
     "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
 )

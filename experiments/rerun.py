@@ -17,9 +17,11 @@ from typing import Optional
 
 from analysis.schema import SUPERSEDED_DIR
 from experiments import records
+from experiments.run_lock import LOCK_NAME
 
-#: What a re-run keeps in the run directory: Hydra's files of this launch, the run's log, earlier superseded records.
-KEEP = (".hydra", "run.log", SUPERSEDED_DIR)
+#: What a re-run keeps in the run directory: Hydra's files of this launch, the run's log, earlier superseded records
+#: and the run's lock file (held by this launch: removing it would let another launch lock a new file).
+KEEP = (".hydra", "run.log", SUPERSEDED_DIR, LOCK_NAME)
 
 
 def resolve_commit(commit: str) -> Optional[str]:
