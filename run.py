@@ -16,13 +16,14 @@ register_run_id_resolver()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from experiments.job import USER_ERRORS, run
+    from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError
 
     try:
         run(cfg)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
+        discard_rejected_run_dir()
         sys.exit(2)
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -96,6 +96,45 @@ def model_summary(model: torch.nn.Module) -> dict:
     return {"params_total": total, "params_trainable": trainable}
 
 
+#: Seconds the one network check of a hub backbone may take (instead of the hub client's retries).
+HUB_CHECK_TIMEOUT_S = 10.0
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def require_available(bb: Any) -> None:
+    """Raise `BackboneError` in one line when the backbone's weights can be neither read locally nor fetched: a local
+    folder needs its config and weights; a hub id needs them in the local hub cache, or (unless HF_HUB_OFFLINE is
+    set) a hub that answers within `HUB_CHECK_TIMEOUT_S`. Called before any job starts, so a sweep over a missing
+    backbone stops once instead of failing every job after the hub client's retries."""
+    path = resolve_path(bb.path)
+    local = Path(path)
+    if local.is_dir():
+        missing = [f for f in ("config.json",) if not (local / f).is_file()]
+        if missing or not any((local / f).is_file() for f in WEIGHT_FILES):
+            raise BackboneError(f"backbone.path={bb.path!r}: the folder {local} lacks "
+                                f"{'config.json' if missing else 'model weights (' + ', '.join(WEIGHT_FILES) + ')'}")
+        return
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+
+    def cached(name: str) -> bool:
+        return isinstance(try_to_load_from_cache(path, name, revision=bb.revision), str)
+
+    if cached("config.json") and any(cached(f) for f in WEIGHT_FILES):
+        return
+    how = (f"download it first (`huggingface-cli download {path}` where the hub is reachable, then copy the hub "
+           "cache here) or set backbone.path to a local folder holding it")
+    if HF_HUB_OFFLINE:
+        raise BackboneError(f"backbone.path={path!r}: not in the local hub cache and HF_HUB_OFFLINE is set; {how}")
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(path, revision=bb.revision, timeout=HUB_CHECK_TIMEOUT_S)
+    except Exception as exc:  # no network, unknown repo, gated repo without a token: all end the same way
+        raise BackboneError(f"backbone.path={path!r}: not in the local hub cache and the hub did not answer "
+                            f"({type(exc).__name__}); {how}") from None
+
+
 def preflight_backbone(bb: Any) -> None:
     """Check the backbone's target modules on a weightless (meta-device) model built from its config."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -26,6 +26,7 @@ from experiments.backbones import (
     model_summary,
     peak_memory_bytes,
     preflight_backbone,
+    require_available,
 )
 from experiments.calibration import encode_target_item
 from experiments.config import ConfigError, eval_config, resolved_train, validate_config
@@ -98,6 +99,21 @@ def required_scales(typed: Any) -> list[float]:
     return records.extra_scales(typed.eval.scales) if trains else []
 
 
+def discard_rejected_run_dir() -> None:
+    """Remove the run directory Hydra made for a run rejected before any work (one holding nothing but `.hydra/`),
+    so a bad config leaves no folder behind for the report to count as a run."""
+    import shutil
+
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # not under Hydra: nothing was made
+        return
+    if out.is_dir() and {p.name for p in out.iterdir()} <= {".hydra"}:
+        shutil.rmtree(out)
+
+
 def run(cfg: DictConfig) -> dict:
     """Run (or skip) one job and return its result record."""
     console()
@@ -112,6 +128,7 @@ def run(cfg: DictConfig) -> dict:
         return records.read_record(run_dir)
 
     method: Method = build_method(typed.method)
+    require_available(typed.backbone)
     preflight_backbone(typed.backbone)
     benchmark = build_benchmark(typed.benchmark)
     with run_lock.hold(run_dir, wait=typed.wait_if_running):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -161,10 +161,11 @@ def tiny_overrides(backbone: Path, bench: Path, run_root: Path, cache_dir: Path,
     return [f"{k}={v}" for k, v in ov.items()]
 
 
-def run_cli(args: list[str], timeout: float = 300, **popen) -> subprocess.CompletedProcess:
-    """Run `python run.py ARGS` from the repo root; returns the completed process (text output)."""
+def run_cli(args: list[str], timeout: float = 300, env: Optional[dict] = None, **popen) -> subprocess.CompletedProcess:
+    """Run `python run.py ARGS` from the repo root (offline, `env` added to the environment); returns the completed
+    process (text output)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+           "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, **popen)
 

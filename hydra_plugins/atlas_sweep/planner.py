@@ -148,7 +148,24 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         lines = [f"  #{index} {labels[offset]}: {exc}" for offset, index, exc in errors]
         raise ConfigError(f"{len(errors)} of {len(job_overrides)} sweep jobs have an invalid config; nothing was "
                           "launched:\n" + "\n".join(lines))
+    check_backbones(plan)
     return plan
+
+
+def check_backbones(plan: Sequence[PlannedRun]) -> None:
+    """Once per backbone among the jobs to launch: its weights can be read or fetched (`require_available`);
+    raises its one-line BackboneError (nothing launched) otherwise."""
+    from experiments.backbones import require_available
+    from experiments.config import validate_config
+
+    seen = set()
+    for run in plan:
+        if run.state is not None:  # skipped or duplicate: nothing to load
+            continue
+        bb = validate_config(OmegaConf.masked_copy(run.config, [k for k in run.config if k != "hydra"])).backbone
+        if (bb.path, bb.revision) not in seen:
+            seen.add((bb.path, bb.revision))
+            require_available(bb)
 
 
 def plan_or_exit(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],

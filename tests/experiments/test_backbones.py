@@ -55,3 +55,42 @@ def test_hub_ids_pass_through_and_key_tracks_weights(tiny_backbone_dir, tmp_path
     assert backbone_key(backbone_cfg(copy)) == key  # same files, same key
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"hidden_size": 32', '"hidden_size": 32 '))
     assert backbone_key(backbone_cfg(copy)) != key
+
+
+def test_a_backbone_that_can_be_neither_read_nor_fetched_fails_in_one_line(tiny_backbone_dir, tmp_path, monkeypatch):
+    import shutil
+
+    import huggingface_hub.constants
+
+    from experiments.backbones import require_available
+
+    require_available(backbone_config(tiny_backbone_dir))  # a complete local folder
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_backbone_dir, bare)
+    for weights in bare.glob("model*.safetensors*"):
+        weights.unlink()
+    with pytest.raises(BackboneError, match="lacks model weights"):
+        require_available(backbone_config(bare))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    with pytest.raises(BackboneError, match="'nobody/no-such-model': not in the local hub cache and HF_HUB_OFFLINE"):
+        require_available(backbone_config("nobody/no-such-model"))
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_the_mission_command_without_weights_stops_before_any_job(tmp_path, sweep):
+    """`python run.py -m method=atlas,lora backbone=qwen3-8b seed=0,1,2` on a machine without the weights: one line
+    naming the model id, exit 2, no run directory left (it took 171 s and six tracebacks before)."""
+    from tests.conftest import run_cli
+
+    args = ["-m", "method=atlas,lora", "seed=0,1,2"] if sweep else []
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")}
+    done = run_cli([*args, "backbone=qwen3-8b", f"run_root={tmp_path / 'runs'}"], env=env)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: backbone.path='Qwen/Qwen3-8B': not in the local hub cache and HF_HUB_OFFLINE is set; "
+                     "download it first (`huggingface-cli download Qwen/Qwen3-8B` where the hub is reachable, then "
+                     "copy the hub cache here) or set backbone.path to a local folder holding it"], done.stderr
+    left = [p for p in (tmp_path / "runs").rglob("*") if p.is_dir()] if (tmp_path / "runs").exists() else []
+    assert not [p for p in left if p.name != ".sweeps" and ".sweeps" not in p.parts], left
