@@ -89,7 +89,7 @@ def test_the_mission_command_without_weights_stops_before_any_job(tmp_path, swee
     done = run_cli([*args, "backbone=qwen3-8b", f"run_root={tmp_path / 'runs'}"], env=env)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines == [f"error: backbone.path='Qwen/Qwen3-8B': not in the local hub cache and HF_HUB_OFFLINE is set; "
+    assert lines == ["error: backbone.path='Qwen/Qwen3-8B': not in the local hub cache and HF_HUB_OFFLINE is set; "
                      "download it first (`huggingface-cli download Qwen/Qwen3-8B` where the hub is reachable, then "
                      "copy the hub cache here) or set backbone.path to a local folder holding it"], done.stderr
     left = [p for p in (tmp_path / "runs").rglob("*") if p.is_dir()] if (tmp_path / "runs").exists() else []
