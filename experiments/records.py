@@ -74,11 +74,20 @@ def run_id_of(cfg: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def file_mode() -> int:
+    """The mode a plain `open()` gives a new file under the process's umask (0o666 & ~umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
-    """Write JSON so that readers see either the old file or the whole new one (temp file, fsync, rename)."""
+    """Write JSON so that readers see either the old file or the whole new one (temp file, fsync, rename); the
+    file gets the user's umask, as `open()` would give it (a temp file alone would be 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, file_mode())
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=False, default=str)

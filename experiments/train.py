@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.prompts import collate
+from experiments.records import file_mode
 
 log = logging.getLogger("suite.train")
 
@@ -126,6 +127,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:08d}.pt"
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", suffix=".tmp", dir=folder)
+    os.fchmod(fd, file_mode())  # the user's umask, as open() would give (a temp file alone is 0600)
     os.close(fd)
     try:
         torch.save(state, tmp)

@@ -43,6 +43,12 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     prov = rec["provenance"]
     assert len(prov["git_sha"]) == 40 and isinstance(prov["git_dirty"], bool) and prov["packages"]["torch"]
     assert not list(only_run_dir(tmp_path / "runs").glob(".*.tmp"))
+    # Files get the user's umask (a team shares a run root), not the 0600 of a temporary file.
+    mask = os.umask(0)
+    os.umask(mask)
+    run_dir = only_run_dir(tmp_path / "runs")
+    for path in (run_dir / "record.json", *sorted((run_dir / "checkpoints").glob("step_*.pt"))):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
 
     second = run_cli(args)
     assert second.returncode == 0, second.stderr[-3000:]
