@@ -142,9 +142,9 @@ class ATLAS(Method):
             if p.gate_fit == "logistic" else {}
         dtype = next(model.parameters()).dtype
         atlas = {}
-        from tqdm.auto import tqdm
+        from experiments.progress import progress_bar
 
-        for i, site in enumerate(tqdm(sites, desc="build atlas", disable=not ctx.progress)):
+        for i, site in enumerate(progress_bar(sites, desc="build atlas", disable=not ctx.progress)):
             x = inputs[site.name].to(ctx.device)
             t = targets[site.name].to(ctx.device) if targets else None
             gate = dict(gate_signal=p.gate_signal, gate_fit=p.gate_fit, target=t)

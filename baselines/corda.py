@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from baselines.common import lora_layers
 from baselines.lora import LoRA, LoRAParams
 from experiments.calibration import calibration_pairs, seeded_subset
 from experiments.methods import RunContext, is_int, require
+from experiments.progress import progress_bar
 
 CACHE_FILE = "corda_eigens.pt"
 INIT_DIR = "corda_init"
@@ -99,7 +99,7 @@ class CorDA(LoRA):
 
         def run_model() -> None:
             # One unpadded sequence per forward: peft's covariance hook squeezes the batch dimension.
-            for ids in tqdm(self.calibration_ids(ctx), desc="CorDA covariance", disable=not ctx.progress):
+            for ids in progress_bar(self.calibration_ids(ctx), desc="CorDA covariance", disable=not ctx.progress):
                 model(input_ids=torch.tensor([ids], device=ctx.device))
 
         t0 = time.perf_counter()

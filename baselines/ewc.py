@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from baselines.common import lora_delta, lora_layers
 from baselines.lora import LoRA, LoRAParams
@@ -35,6 +34,7 @@ from experiments import disk_cache
 from experiments.activations import target_linears
 from experiments.calibration import CalibrationPair, calibration_pairs, seeded_subset
 from experiments.methods import RunContext, is_int, require
+from experiments.progress import progress_bar
 
 FISHER_FORMAT_VERSION = 1
 FISHER_FILE = "fisher.safetensors"
@@ -66,7 +66,7 @@ def diagonal_fisher(
         for m in modules.values():
             m.weight.requires_grad_(True)
         model.eval()
-        for pair in tqdm(pairs, desc="EWC Fisher", disable=not progress):
+        for pair in progress_bar(pairs, desc="EWC Fisher", disable=not progress):
             ids = torch.tensor([pair.prompt_ids + pair.response_ids], device=device)
             n_p, n_r = len(pair.prompt_ids), len(pair.response_ids)
             with torch.enable_grad():

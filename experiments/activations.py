@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
+from experiments.progress import progress_bar
 from experiments.prompts import collate
 
 
@@ -127,7 +127,7 @@ def collect_inputs(
     offset = 0
     try:
         with torch.no_grad():
-            for batch, mask in tqdm(list(zip(batches, masks)), desc="collect inputs", disable=not progress):
+            for batch, mask in progress_bar(list(zip(batches, masks)), desc="collect inputs", disable=not progress):
                 n_valid = int(mask.sum())
                 lo = torch.searchsorted(chosen, offset)
                 hi = torch.searchsorted(chosen, offset + n_valid)

@@ -19,10 +19,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
+from experiments.progress import progress_bar
 from experiments.prompts import collate
 from experiments.records import file_mode
 
@@ -231,7 +231,7 @@ def train(
         }
 
     model.train()
-    bar = tqdm(total=steps, initial=start, desc=f"train {method.name}", disable=not cfg.progress, dynamic_ncols=True)
+    bar = progress_bar(total=steps, initial=start, desc=f"train {method.name}", disable=not cfg.progress, dynamic_ncols=True)
     with SignalFlag() as flag:
         for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()

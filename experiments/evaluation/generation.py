@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from experiments import prompts as P
+from experiments.progress import progress_bar
 
 
 @dataclass
@@ -185,7 +185,7 @@ def generate(
     results: list[Optional[tuple[list[int], bool]]] = [None] * n
     was_training = model.training
     model.eval()
-    bar = tqdm(total=n, desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(total=n, desc=desc, disable=not progress, leave=False)
     try:
         for start in range(0, n, batch_size):
             rows = order[start:start + batch_size]

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from experiments import prompts as P
 from experiments.evaluation.generation import encode_prompts, model_device, pad_token_id
+from experiments.progress import progress_bar
 
 
 @dataclass
@@ -78,7 +78,7 @@ def iter_response_logprobs(
     order = length_order(prompt_ids, response_ids)
     was_training = model.training
     model.eval()
-    bar = tqdm(total=len(order), desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(total=len(order), desc=desc, disable=not progress, leave=False)
     try:
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]

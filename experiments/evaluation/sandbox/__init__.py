@@ -134,9 +134,9 @@ def check_solutions(
         _get_plan()  # detect once, before the threads start
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from experiments.progress import progress_bar
 
-        bar = tqdm(total=len(checks), desc="sandbox", unit="check")
+        bar = progress_bar(total=len(checks), desc="sandbox", unit="check")
     try:
         with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
             futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}

@@ -1,0 +1,37 @@
+"""Progress bars: in place on a terminal; redirected, plain lines at most every PLAIN_INTERVAL_S (no `\\r` redraws
+piling up in a log file)."""
+
+import io
+import time
+
+from experiments import progress as P
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_redirected_output_gets_plain_lines_not_redraws(monkeypatch):
+    monkeypatch.setattr(P, "PLAIN_INTERVAL_S", 0.05)
+    out = io.StringIO()
+    for _ in P.progress_bar(range(300), desc="train lora", file=out):
+        time.sleep(0.001)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "\r" not in text and 2 <= len(lines) <= 12, lines  # ~0.3 s of work at one line per 0.05 s
+    assert lines[-1].startswith("train lora: 100%") and "300/300" in lines[-1]
+
+
+def test_a_terminal_gets_the_bar_redrawn_in_place():
+    out = Terminal()
+    for _ in P.progress_bar(range(50), desc="x", file=out, mininterval=0):
+        pass
+    assert "\r" in out.getvalue()
+
+
+def test_a_disabled_bar_writes_nothing():
+    out = io.StringIO()
+    for _ in P.progress_bar(range(10), file=out, disable=True):
+        pass
+    assert out.getvalue() == ""
