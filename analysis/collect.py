@@ -242,6 +242,29 @@ def _reason_not_complete(record: dict) -> tuple[str, str]:
     return status, "still running (incomplete)"
 
 
+#: The skip kind of a complete duplicate whose metrics differ from the record used: the same science measured
+#: twice with different results (a changed harness, nondeterminism, an edited record) is worth a look.
+DISAGREEING = "duplicate, disagrees"
+
+
+def _disagreement(used: dict, other: dict) -> Optional[str]:
+    """How a complete duplicate's metrics differ from the used record's, or None when they agree (or either is
+    not complete)."""
+    if used.get("status") != schema.STATUS_COMPLETE or other.get("status") != schema.STATUS_COMPLETE:
+        return None
+    a, b = used.get("metrics"), other.get("metrics")
+    if a == b:
+        return None
+
+    def fig(m: Any, *path: str) -> str:
+        for key in path:
+            m = m.get(key) if isinstance(m, dict) else None
+        return f"{m:.4g}" if isinstance(m, (int, float)) else "?"
+
+    return (f"its metrics differ from the used record's (pass@1 {fig(b, 'target', 'pass@1')} vs "
+            f"{fig(a, 'target', 'pass@1')}, retained KL {fig(b, 'retained_kl_mean')} vs {fig(a, 'retained_kl_mean')})")
+
+
 def _end_time(entry: _Entry) -> str:
     prov = entry.record.get("provenance") if isinstance(entry.record, dict) else None
     value = prov.get("end_time") if isinstance(prov, dict) else None
@@ -284,7 +307,10 @@ def collect(
         keep, rest = group[0], group[1:]
         for other in rest:
             what = f"{other.record['status']} record" if other.record["status"] != keep.record["status"] else "record"
-            skipped.append(_skip_of(other, "duplicate", f"{what} of run id {run_id} also at {keep.source}, which is used"))
+            reason = f"{what} of run id {run_id} also at {keep.source}, which is used"
+            differs = _disagreement(keep.record, other.record)
+            skipped.append(_skip_of(other, DISAGREEING if differs else "duplicate",
+                                    f"{reason}; {differs}" if differs else reason))
         if keep.record["status"] == schema.STATUS_COMPLETE:
             rows.append(schema.to_row(keep.record, keep.source))
         else:

@@ -116,12 +116,21 @@ def test_duplicate_run_ids_keep_one_record(tmp_path):
     write(tmp_path / "a", old)
     write(tmp_path / "b", new)
     write(tmp_path / "c", failed)
+    same = json.loads(json.dumps(new))
+    same["provenance"]["end_time"] = "2026-01-15T00:00:00+00:00"
+    write(tmp_path / "d", same)
     col = collect([tmp_path])
     assert len(col.table) == 1 and col.table.iloc[0][schema.TARGET_COL] == 0.31
-    dups = _by_kind(col)["duplicate"]
-    assert len(dups) == 2 and all(str(tmp_path / "b") in s.reason for s in dups)
-    assert any(s.reason.startswith("failed record") for s in dups)
-    assert "failed" not in _by_kind(col)
+    kinds = _by_kind(col)
+    dups = kinds["duplicate"] + kinds["duplicate, disagrees"]
+    assert len(dups) == 3 and all(str(tmp_path / "b") in s.reason for s in dups)
+    assert any(s.reason.startswith("failed record") for s in kinds["duplicate"])
+    # a complete duplicate with other metrics is flagged with both numbers; an identical one is not
+    [disagree] = kinds["duplicate, disagrees"]
+    assert disagree.source.startswith(str(tmp_path / "a"))
+    assert "its metrics differ from the used record's (pass@1 0.3 vs 0.31" in disagree.reason
+    assert any(s.source.startswith(str(tmp_path / "d")) for s in kinds["duplicate"])
+    assert "failed" not in kinds
     # The same directory given twice is read once.
     assert len(collect([tmp_path / "a", tmp_path / "a"]).table) == 1
 
