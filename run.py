@@ -18,6 +18,7 @@ register_run_id_resolver()
 def main(cfg: DictConfig) -> None:
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError
+    from experiments.train import Preempted
 
     try:
         run(cfg)
@@ -28,6 +29,9 @@ def main(cfg: DictConfig) -> None:
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(3)
+    except Preempted as exc:  # the record says `interrupted`; the same command resumes from the checkpoint
+        print(f"interrupted: {exc}; the same command resumes the run", file=sys.stderr)
+        sys.exit(4)
 
 
 if __name__ == "__main__":
