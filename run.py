@@ -29,8 +29,8 @@ def main(cfg: DictConfig) -> None:
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(3)
-    except Preempted as exc:  # the record says `interrupted`; the same command resumes from the checkpoint
-        print(f"interrupted: {exc}; the same command resumes the run", file=sys.stderr)
+    except (Preempted, KeyboardInterrupt) as exc:  # the record says `interrupted`; the same command resumes
+        print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
         sys.exit(4)
 
 

@@ -1,4 +1,5 @@
-"""The record of a run that did not complete: `failed` with the traceback, or `interrupted` after a signal."""
+"""The record of a run that did not complete: `failed` with the traceback, or `interrupted` after a signal
+(SIGTERM/SIGUSR2 during training, Ctrl-C anywhere), each naming the phase the run was in (`set_phase`)."""
 
 from __future__ import annotations
 
@@ -14,32 +15,45 @@ from experiments.log import FILE_ONLY
 from experiments.train import Preempted, checkpoint_paths
 
 log = logging.getLogger("suite.run")
+_PHASE = {"name": "start"}
+
+
+def set_phase(name: str) -> None:
+    """What the run is doing now (`load`, `prepare`, `train`, `evaluate`): a failure or interruption names it."""
+    _PHASE["name"] = name
+
+
+def _last_checkpoint_step(run_dir: Path):
+    checkpoints = checkpoint_paths(run_dir)
+    return int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
 
 
 @contextmanager
 def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[None]:
     """Record any exception (status failed, with traceback; or interrupted after a signal) and always close the logger."""
     exit_code = 0
+    set_phase("start")
     try:
         yield
     except Preempted as exc:
         exit_code = 1
         records.atomic_write_json(
             run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED, "interrupted": {"step": exc.step, "reason": str(exc)},
+            {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+             "interrupted": {"step": exc.step, "reason": str(exc)},
              "provenance": records.provenance(_started(base_record))},
         )
         raise
-    except SystemExit as exc:
-        # A signal handler ended the process, e.g. submitit's on USR2 after the loop's checkpoint: the
-        # job was requeued and resumes, so the run is interrupted, not failed.
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # A signal ended the process: submitit's handler on USR2 after the loop's checkpoint (the job was requeued
+        # and resumes), or Ctrl-C. Either way the run is interrupted, not failed; it resumes from its last checkpoint.
         exit_code = 1
-        checkpoints = checkpoint_paths(run_dir)
-        step = int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
+        why = ("SIGINT (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+               else f"exit({exc.code}): requeued (or stopped) by a signal handler")
         records.atomic_write_json(
             run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED,
-             "interrupted": {"step": step, "reason": f"exit({exc.code}) during the run: requeued (or stopped) by a signal handler"},
+            {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+             "interrupted": {"step": _last_checkpoint_step(run_dir), "reason": f"{why} during {_PHASE['name']}"},
              "provenance": records.provenance(_started(base_record))},
         )
         raise
@@ -48,7 +62,7 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
         log.error("failed: %s: %s\n%s", type(exc).__name__, exc, traceback.format_exc().rstrip(), extra=FILE_ONLY)
         records.atomic_write_json(
             run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_FAILED,
+            {**base_record, "status": records.STATUS_FAILED, "phase": _PHASE["name"],
              "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()},
              "provenance": records.provenance(_started(base_record))},
         )

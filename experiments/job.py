@@ -8,6 +8,8 @@ the backbone's weights are loaded or any training starts.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,7 +34,7 @@ from experiments.calibration import encode_target_item
 from experiments.config import ConfigError, eval_config, resolved_train, validate_config
 from experiments.data.benchmark import Benchmark, build_benchmark
 from experiments.data.loaders import DataError
-from experiments.failure import failure_guard
+from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method
@@ -167,6 +169,11 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             "config": science,
             "started": started.isoformat(),
         }
+        base_record["process"] = {"host": socket.gethostname(), "pid": os.getpid()}
+        # The run's record from its first moment: `running`, with who runs it; whatever attempt came before
+        # (an `interrupted` record naming a checkpoint since replaced) no longer speaks for the run.
+        records.atomic_write_json(run_dir / records.RECORD_NAME,
+                                  {**base_record, "provenance": records.provenance(started)})
         name = f"{method.name}-{typed.backbone.name}-s{typed.seed}-{run_id[:8]}"
         logger = make_logger(typed.logger, run_id, run_dir, science, name)
         job = Job(typed, run_id, run_dir, method, benchmark, logger, base_record, started)
@@ -208,18 +215,22 @@ class Job:
         log.info("%s: %s on %s/%s, seed %d -> %s", self.run_id, method.name, bb.name, self.benchmark.name, typed.seed,
                  self.run_dir)
 
+        set_phase("load")
         model, self.tokenizer = load_backbone(bb, self.device)
         if bb.gradient_checkpointing and method.trains:
             model.gradient_checkpointing_enable()
         self.key, self._base = backbone_key(bb), None
         ctx = run_context(typed, self.tokenizer, self.benchmark, self.run_dir, self.device, self.reference)
+        set_phase("prepare")
         model = method.prepare(model, ctx)
         summary = model_summary(model)
 
         result = None
         if method.trains and train_cfg.steps > 0:
             examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
+            set_phase("train")
             result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
+        set_phase("evaluate")
         stored_bytes = method.export(model, self.run_dir / "export")
         model.eval()
         self.diagnostics = method.diagnostics(model, ctx)  # at scale 1, before any post-hoc scale

@@ -97,6 +97,31 @@ def test_sigterm_mid_training_then_rerun_resumes_to_the_same_final_loss(override
     assert b["train"]["final_loss"] == pytest.approx(a["train"]["final_loss"], rel=1e-6)
 
 
+def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(overrides, tmp_path):
+    """While it works, the record says `running` with the process (host, pid); Ctrl-C (SIGINT) mid-training
+    leaves `interrupted` naming the phase and a checkpoint that exists, exits 4, and the same command resumes."""
+    args = ["method=lora", *overrides(tmp_path / "runs"), "train.steps=40", "train.checkpoint_every=3"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not list((tmp_path / "runs").glob("*/checkpoints/step_00000003.pt")):
+        time.sleep(0.01)
+    running = record_of(tmp_path / "runs")
+    assert running["status"] == "running" and running["process"]["pid"] == proc.pid
+    assert len(running["provenance"]["git_sha"]) == 40
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 4 and "the same command resumes the run" in log, log[-3000:]
+    rec = record_of(tmp_path / "runs")
+    assert rec["status"] == "interrupted" and rec["phase"] == "train", rec.get("interrupted")
+    assert rec["interrupted"]["reason"] == "SIGINT (Ctrl-C) during train"
+    step = rec["interrupted"]["step"]
+    assert (only_run_dir(tmp_path / "runs") / "checkpoints" / f"step_{step:08d}.pt").is_file()
+    resumed = run_cli(args)
+    assert resumed.returncode == 0 and f"at step {step}" in resumed.stdout, resumed.stderr[-3000:]
+
+
 def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
     args = ["method=lora", "+method.explode_at=2", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
             *overrides(tmp_path / "runs")]
