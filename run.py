@@ -18,6 +18,7 @@ register_run_id_resolver()
 def main(cfg: DictConfig) -> None:
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError
+    from experiments.failure import SignalInterrupt
     from experiments.train import Preempted
 
     try:
@@ -29,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(3)
-    except (Preempted, KeyboardInterrupt) as exc:  # the record says `interrupted`; the same command resumes
+    except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
         print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
         sys.exit(4)
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import traceback
 from contextlib import contextmanager
 from datetime import datetime
@@ -23,6 +25,36 @@ def set_phase(name: str) -> None:
     _PHASE["name"] = name
 
 
+class SignalInterrupt(BaseException):
+    """SIGTERM or SIGUSR2 arrived outside training, where no other handler takes it (a BaseException, like
+    KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise SignalInterrupt(signum)
+
+
+@contextmanager
+def interrupts_recorded() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGUSR2 raise `SignalInterrupt` where nothing else handles them (their
+    handler is the default, i.e. not under submitit, which ignores SIGTERM and requeues on SIGUSR2 itself); the
+    training loop installs its own checkpointing handlers over these and restores them after."""
+    installed = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGUSR2):
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                installed[signum] = signal.signal(signum, _raise_interrupt)
+    try:
+        yield
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
+
+
 def _last_checkpoint_step(run_dir: Path):
     checkpoints = checkpoint_paths(run_dir)
     return int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
@@ -34,7 +66,8 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
     exit_code = 0
     set_phase("start")
     try:
-        yield
+        with interrupts_recorded():
+            yield
     except Preempted as exc:
         exit_code = 1
         records.atomic_write_json(
@@ -44,12 +77,16 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
              "provenance": records.provenance(_started(base_record))},
         )
         raise
-    except (SystemExit, KeyboardInterrupt) as exc:
+    except (SystemExit, KeyboardInterrupt, SignalInterrupt) as exc:
         # A signal ended the process: submitit's handler on USR2 after the loop's checkpoint (the job was requeued
         # and resumes), or Ctrl-C. Either way the run is interrupted, not failed; it resumes from its last checkpoint.
         exit_code = 1
-        why = ("SIGINT (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
-               else f"exit({exc.code}): requeued (or stopped) by a signal handler")
+        if isinstance(exc, KeyboardInterrupt):
+            why = "SIGINT (Ctrl-C)"
+        elif isinstance(exc, SignalInterrupt):
+            why = str(exc)
+        else:
+            why = f"exit({exc.code}): requeued (or stopped) by a signal handler"
         records.atomic_write_json(
             run_dir / records.RECORD_NAME,
             {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],

@@ -122,6 +122,23 @@ def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(
     assert resumed.returncode == 0 and f"at step {step}" in resumed.stdout, resumed.stderr[-3000:]
 
 
+def test_sigterm_during_evaluation_is_recorded_as_an_interruption(overrides, tmp_path):
+    """Outside training no checkpointing handler runs: SIGTERM still leaves `interrupted` (phase evaluate), exit 4."""
+    args = ["method=lora", *overrides(tmp_path / "runs"), "eval.scales=[0.25,0.5,0.75,1]"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not list((tmp_path / "runs").glob("*/export/*")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 4, log[-3000:]
+    rec = record_of(tmp_path / "runs")
+    assert rec["status"] == "interrupted" and rec["phase"] == "evaluate", rec
+    assert rec["interrupted"]["reason"] == "SIGTERM during evaluate"
+
+
 def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
     args = ["method=lora", "+method.explode_at=2", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
             *overrides(tmp_path / "runs")]
