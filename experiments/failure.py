@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import traceback
 from contextlib import contextmanager
@@ -70,12 +71,8 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             yield
     except Preempted as exc:
         exit_code = 1
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
-             "interrupted": {"step": exc.step, "reason": str(exc)},
-             "provenance": records.provenance(_started(base_record))},
-        )
+        _write_outcome(run_dir, {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+                                 "interrupted": {"step": exc.step, "reason": str(exc)}}, exc)
         raise
     except (SystemExit, KeyboardInterrupt, SignalInterrupt) as exc:
         # A signal ended the process: submitit's handler on USR2 after the loop's checkpoint (the job was requeued
@@ -87,22 +84,16 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             why = str(exc)
         else:
             why = f"exit({exc.code}): requeued (or stopped) by a signal handler"
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
-             "interrupted": {"step": _last_checkpoint_step(run_dir), "reason": f"{why} during {_PHASE['name']}"},
-             "provenance": records.provenance(_started(base_record))},
-        )
+        _write_outcome(run_dir, {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+                                 "interrupted": {"step": _last_checkpoint_step(run_dir),
+                                                 "reason": f"{why} during {_PHASE['name']}"}}, exc)
         raise
     except BaseException as exc:
         exit_code = 1
         log.error("failed: %s: %s\n%s", type(exc).__name__, exc, traceback.format_exc().rstrip(), extra=FILE_ONLY)
-        records.atomic_write_json(
-            run_dir / records.RECORD_NAME,
-            {**base_record, "status": records.STATUS_FAILED, "phase": _PHASE["name"],
-             "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()},
-             "provenance": records.provenance(_started(base_record))},
-        )
+        _write_outcome(run_dir, {**base_record, "status": records.STATUS_FAILED, "phase": _PHASE["name"],
+                                 "error": {"type": type(exc).__name__, "message": str(exc),
+                                           "traceback": traceback.format_exc()}}, exc)
         raise
     finally:
         try:
@@ -113,6 +104,19 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             # After a failure or a signal the logger's service may be gone already (a requeue kills the
             # job's processes): closing it must not hide why the run stopped.
             log.error("closing the logger failed after the run stopped: %s: %s", type(exc).__name__, exc)
+
+
+def _write_outcome(run_dir: Path, record: dict, cause: BaseException) -> None:
+    """Write the failed / interrupted record (with provenance). When even that cannot be written (a full disk),
+    say so in one line on stderr together with the run's own cause, which the caller then raises: the write's
+    error must not replace why the run stopped."""
+    try:
+        records.atomic_write_json(run_dir / records.RECORD_NAME,
+                                  {**record, "provenance": records.provenance(_started(record))})
+    except OSError as exc:
+        print(f"error: could not write the {record['status']} record in {run_dir} ({exc.strerror or exc}); "
+              f"the run stopped because: {type(cause).__name__}: {str(cause) or '(no message)'}",
+              file=sys.stderr, flush=True)
 
 
 def _started(base_record: dict) -> datetime:
