@@ -67,22 +67,30 @@ def test_base_method_trains_nothing_and_matches_itself(overrides, tmp_path):
     assert rec["metrics"]["retained"]["math"]["answer_change_rate"]["rate"] == 0.0
 
 
+def signalled(args, root, pattern, signum):
+    """Launch `python run.py ARGS`, send `signum` as soon as a file matching `pattern` exists under `root`; return
+    (returncode, output, the record as it was just before the signal, the process id)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not list(root.glob(pattern)):
+        time.sleep(0.01)
+    before = record_of(root)
+    proc.send_signal(signum)
+    log, _ = proc.communicate(timeout=120)
+    return proc.returncode, log, before, proc.pid
+
+
 def test_sigterm_mid_training_then_rerun_resumes_to_the_same_final_loss(overrides, tmp_path):
     slow = ["train.steps=40", "train.checkpoint_every=3"]
     straight = run_cli(["method=lora", *overrides(tmp_path / "straight"), *slow])
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     args = ["method=lora", *overrides(tmp_path / "killed"), *slow]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # Kill as soon as the first periodic checkpoint exists: training is then mid-way.
-    deadline = time.time() + 180
-    while time.time() < deadline and not list((tmp_path / "killed").glob("*/checkpoints/step_00000003.pt")):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 4, log[-3000:]  # interrupted, not failed
+    # Stop as soon as the first periodic checkpoint exists: training is then mid-way.
+    code, log, _, _ = signalled(args, tmp_path / "killed", "*/checkpoints/step_00000003.pt", signal.SIGTERM)
+    assert code == 4, log[-3000:]  # interrupted, not failed
     assert "SIGTERM: checkpoint saved at step" in log and "the same command resumes the run" in log, log[-3000:]
     killed_step = int(log.split("SIGTERM: checkpoint saved at step ")[1].split()[0])
     assert 3 <= killed_step < 40
@@ -101,18 +109,10 @@ def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(
     """While it works, the record says `running` with the process (host, pid); Ctrl-C (SIGINT) mid-training
     leaves `interrupted` naming the phase and a checkpoint that exists, exits 4, and the same command resumes."""
     args = ["method=lora", *overrides(tmp_path / "runs"), "train.steps=40", "train.checkpoint_every=3"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and not list((tmp_path / "runs").glob("*/checkpoints/step_00000003.pt")):
-        time.sleep(0.01)
-    running = record_of(tmp_path / "runs")
-    assert running["status"] == "running" and running["process"]["pid"] == proc.pid
+    code, log, running, pid = signalled(args, tmp_path / "runs", "*/checkpoints/step_00000003.pt", signal.SIGINT)
+    assert running["status"] == "running" and running["process"]["pid"] == pid
     assert len(running["provenance"]["git_sha"]) == 40
-    proc.send_signal(signal.SIGINT)
-    log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 4 and "the same command resumes the run" in log, log[-3000:]
+    assert code == 4 and "the same command resumes the run" in log, log[-3000:]
     rec = record_of(tmp_path / "runs")
     assert rec["status"] == "interrupted" and rec["phase"] == "train", rec.get("interrupted")
     assert rec["interrupted"]["reason"] == "SIGINT (Ctrl-C) during train"
@@ -125,15 +125,8 @@ def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(
 def test_sigterm_during_evaluation_is_recorded_as_an_interruption(overrides, tmp_path):
     """Outside training no checkpointing handler runs: SIGTERM still leaves `interrupted` (phase evaluate), exit 4."""
     args = ["method=lora", *overrides(tmp_path / "runs"), "eval.scales=[0.25,0.5,0.75,1]"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and not list((tmp_path / "runs").glob("*/export/*")):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 4, log[-3000:]
+    code, log, _, _ = signalled(args, tmp_path / "runs", "*/export/*", signal.SIGTERM)
+    assert code == 4, log[-3000:]
     rec = record_of(tmp_path / "runs")
     assert rec["status"] == "interrupted" and rec["phase"] == "evaluate", rec
     assert rec["interrupted"]["reason"] == "SIGTERM during evaluate"
