@@ -126,8 +126,7 @@ def run(cfg: DictConfig) -> dict:
     run_dir = resolve_run_dir(typed, run_id)
     scales = required_scales(typed)
     if records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
-        log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
-        return records.read_record(run_dir)
+        return _skipped(run_id, run_dir)
 
     method: Method = build_method(typed.method)
     require_available(typed.backbone)
@@ -140,9 +139,13 @@ def run(cfg: DictConfig) -> dict:
             log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
                      run_id, reason, typed.rerun_before, kept)
         elif records.is_complete(run_dir, run_id, scales):  # finished by the launch this one waited for
-            log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
-            return records.read_record(run_dir)
+            return _skipped(run_id, run_dir)
         return _launch(typed, resolved, run_id, run_dir, method, benchmark)
+
+
+def _skipped(run_id: str, run_dir: Path) -> dict:
+    log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
+    return records.read_record(run_dir)
 
 
 def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, method: Method,
@@ -168,8 +171,8 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             "knobs": method.describe(),
             "config": science,
             "started": started.isoformat(),
+            "process": {"host": socket.gethostname(), "pid": os.getpid()},
         }
-        base_record["process"] = {"host": socket.gethostname(), "pid": os.getpid()}
         # The run's record from its first moment: `running`, with who runs it; whatever attempt came before
         # (an `interrupted` record naming a checkpoint since replaced) no longer speaks for the run.
         records.atomic_write_json(run_dir / records.RECORD_NAME,
