@@ -46,6 +46,20 @@ def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
     if not kwargs.get("disable") and not _is_terminal(stream):
         kwargs.update(file=PlainLines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S,
                       dynamic_ncols=False, ncols=100)
-    else:
-        kwargs["file"] = stream
+        return _plain_tqdm(tqdm)(iterable, **kwargs)
+    kwargs["file"] = stream
     return tqdm(iterable, **kwargs)
+
+
+def _plain_tqdm(base: type) -> type:
+    """tqdm whose `set_postfix` / `set_description` wait for the next timed redraw: their default forced redraw
+    would write one line per call (a training loop sets the loss every step)."""
+
+    class PlainTqdm(base):
+        def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+            super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+        def set_description(self, desc=None, refresh=True):
+            super().set_description(desc, refresh=False)
+
+    return PlainTqdm

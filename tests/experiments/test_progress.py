@@ -23,6 +23,22 @@ def test_redirected_output_gets_plain_lines_not_redraws(monkeypatch):
     assert lines[-1].startswith("train lora: 100%") and "300/300" in lines[-1]
 
 
+def test_a_loss_set_every_step_does_not_force_a_line_per_step(monkeypatch):
+    # the training loop calls set_postfix(loss=...) after every step; tqdm redraws on each call by default
+    monkeypatch.setattr(P, "PLAIN_INTERVAL_S", 0.05)
+    out = io.StringIO()
+    bar = P.progress_bar(total=300, desc="train atlas", file=out)
+    for step in range(300):
+        time.sleep(0.001)
+        bar.update(1)
+        bar.set_postfix(loss=f"{1.0 / (step + 1):.4f}")
+        bar.set_description("train atlas")
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) <= 12, len(lines)
+    assert "300/300" in lines[-1] and "loss=0.0033" in lines[-1]
+
+
 def test_a_terminal_gets_the_bar_redrawn_in_place():
     out = Terminal()
     for _ in P.progress_bar(range(50), desc="x", file=out, mininterval=0):
