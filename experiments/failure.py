@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import sys
@@ -92,8 +93,7 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
         exit_code = 1
         log.error("failed: %s: %s\n%s", type(exc).__name__, exc, traceback.format_exc().rstrip(), extra=FILE_ONLY)
         _write_outcome(run_dir, {**base_record, "status": records.STATUS_FAILED, "phase": _PHASE["name"],
-                                 "error": {"type": type(exc).__name__, "message": str(exc),
-                                           "traceback": traceback.format_exc()}}, exc)
+                                 "error": _error_of(exc)}, exc)
         raise
     finally:
         try:
@@ -104,6 +104,14 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             # After a failure or a signal the logger's service may be gone already (a requeue kills the
             # job's processes): closing it must not hide why the run stopped.
             log.error("closing the logger failed after the run stopped: %s: %s", type(exc).__name__, exc)
+
+
+def _error_of(exc: BaseException) -> dict:
+    """The failed record's `error`: type, message, traceback, and for an OS error its errno by name (`ENOSPC`)."""
+    error = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+    if isinstance(exc, OSError) and exc.errno is not None:
+        error["errno"] = errno.errorcode.get(exc.errno, str(exc.errno))
+    return error
 
 
 def _write_outcome(run_dir: Path, record: dict, cause: BaseException) -> None:

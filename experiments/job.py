@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -156,6 +157,7 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             if dom.dropped_calibration:
                 log.info("%s: %d calibration items dropped (their question is in the dev or test split)",
                          dom.name, dom.dropped_calibration)
+        _clear_a_killed_attempt(run_id, run_dir)
         started = datetime.now(timezone.utc)
         science = records.scientific_config(resolved)
         base_record = {
@@ -182,6 +184,25 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
         job = Job(typed, run_id, run_dir, method, benchmark, logger, base_record, started)
         with failure_guard(run_dir, base_record, logger):
             return job.run()
+
+
+def _clear_a_killed_attempt(run_id: str, run_dir: Path) -> None:
+    """Under the run's lock, no other process writes this run: a `running` record is what a killed attempt
+    (SIGKILL, out of memory, a lost node) left, and its temporary files were never results. Say so and remove them."""
+    previous = records.read_record(run_dir)
+    if previous and previous.get("status") == records.STATUS_RUNNING:
+        proc = previous.get("process") or {}
+        log.info("%s: the previous attempt (pid %s on %s, started %s) stopped without a record (killed?); starting "
+                 "again", run_id, proc.get("pid", "?"), proc.get("host", "?"), previous.get("started", "?"))
+    partial = records.partial_files(run_dir)
+    for path in partial:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if partial:
+        log.info("%s: removed %d partial file(s) a stopped writer left: %s", run_id, len(partial),
+                 ", ".join(str(p.relative_to(run_dir)) for p in partial[:5]))
 
 
 def run_context(typed: DictConfig, tokenizer: Any, benchmark: Benchmark, run_dir: Path,

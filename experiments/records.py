@@ -101,6 +101,16 @@ def atomic_write_json(path: Path, data: Any) -> None:
         raise
 
 
+def partial_files(run_dir: Path) -> list[Path]:
+    """The temporary files a killed writer leaves in a run directory: every atomic write here (record, checkpoint,
+    export, atlas) goes through a name ending in `.tmp` or `.tmp-<pid>` that is renamed when
+    complete, so such a file is never a result. Only safe to remove under the run's lock."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return sorted(p for p in run_dir.rglob("*") if p.name.endswith(".tmp") or ".tmp-" in p.name)
+
+
 def read_record(run_dir: Path) -> Optional[dict]:
     """The record in `run_dir`, or None when there is none or it cannot be parsed."""
     path = Path(run_dir) / RECORD_NAME

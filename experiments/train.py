@@ -121,6 +121,28 @@ def checkpoint_paths(run_dir: Path) -> list[Path]:
     return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
 
 
+class _WriteErrors:
+    """A binary file for `torch.save` that keeps the OSError of a failed write (ENOSPC, EIO), which torch itself
+    turns into a RuntimeError without the errno."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.fh.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Write `state` atomically as checkpoints/step_<step>.pt and keep only the newest `keep`."""
     folder = Path(run_dir) / CHECKPOINT_DIR
@@ -128,9 +150,18 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     final = folder / f"step_{step:08d}.pt"
     fd, tmp = tempfile.mkstemp(prefix=".ckpt.", suffix=".tmp", dir=folder)
     os.fchmod(fd, file_mode())  # the user's umask, as open() would give (a temp file alone is 0600)
-    os.close(fd)
     try:
-        torch.save(state, tmp)
+        with os.fdopen(fd, "wb") as fh:
+            sink = _WriteErrors(fh)
+            try:
+                torch.save(state, sink)
+            except RuntimeError as exc:
+                if sink.error is not None:  # torch reports a failed write (a full disk) as a bare RuntimeError
+                    raise sink.error from exc
+                raise
+            fh.flush()
+            os.fsync(fh.fileno())
+        # the file is closed here even on an error: an unlinked file still open would keep its blocks allocated
         os.replace(tmp, final)
     finally:
         if os.path.exists(tmp):

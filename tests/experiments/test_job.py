@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from experiments import records
 from experiments.records import RECORD_NAME
 from tests.conftest import REPO, run_cli, tiny_overrides
 
@@ -122,14 +123,74 @@ def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(
     assert resumed.returncode == 0 and f"at step {step}" in resumed.stdout, resumed.stderr[-3000:]
 
 
-def test_sigterm_during_evaluation_is_recorded_as_an_interruption(overrides, tmp_path):
-    """Outside training no checkpointing handler runs: SIGTERM still leaves `interrupted` (phase evaluate), exit 4."""
-    args = ["method=lora", *overrides(tmp_path / "runs"), "eval.scales=[0.25,0.5,0.75,1]"]
-    code, log, _, _ = signalled(args, tmp_path / "runs", "*/export/*", signal.SIGTERM)
-    assert code == 4, log[-3000:]
-    rec = record_of(tmp_path / "runs")
-    assert rec["status"] == "interrupted" and rec["phase"] == "evaluate", rec
-    assert rec["interrupted"]["reason"] == "SIGTERM during evaluate"
+def metrics_of(run_dir):
+    """The metrics of a run and of each of its post-hoc scales (the scale records under `scales/`)."""
+    found = {"1": json.loads((run_dir / RECORD_NAME).read_text())["metrics"]}
+    for path in sorted(run_dir.glob("scales/*/" + RECORD_NAME)):
+        found[path.parent.name] = json.loads(path.read_text())["metrics"]
+    return found
+
+
+def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_uninterrupted_result(overrides,
+                                                                                                 tmp_path):
+    """SIGTERM / SIGINT during evaluation leave `interrupted` (phase evaluate) and exit 4; SIGKILL leaves the
+    `running` record of a dead process. Each time the same command finishes the run: it says what the killed
+    attempt left, removes partial files, does not train again, and gives exactly the uninterrupted metrics."""
+    scales = "eval.scales=[0.25,0.5,0.75,1]"
+    straight = run_cli(["method=lora", *overrides(tmp_path / "straight"), scales])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    expected = metrics_of(only_run_dir(tmp_path / "straight"))
+    assert set(expected) == {"1", "0.25", "0.5", "0.75"}
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        root = tmp_path / signum.name
+        args = ["method=lora", *overrides(root), scales]
+        code, log, running, pid = signalled(args, root, "*/export/*", signum)
+        rec = record_of(root)
+        if signum == signal.SIGKILL:
+            assert code == -signal.SIGKILL and rec == running and rec["process"]["pid"] == pid  # nothing ran after
+            # a writer killed mid-write leaves its temporary file: one for the record and one for a checkpoint
+            (only_run_dir(root) / ".record.json.k1ll3d.tmp").write_text('{"status": "comp')
+            (only_run_dir(root) / "checkpoints" / ".ckpt.k1ll3d.tmp").write_bytes(b"\0" * 64)
+        else:
+            assert code == 4, log[-3000:]
+            assert rec["status"] == "interrupted" and rec["phase"] == "evaluate", rec
+            why = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"
+            assert rec["interrupted"]["reason"] == f"{why} during evaluate"
+
+        again = run_cli(args)
+        assert again.returncode == 0, again.stderr[-3000:]
+        run_dir = only_run_dir(root)
+        assert "resumed from checkpoint step_00000006.pt at step 6" in again.stdout, again.stdout[-3000:]
+        if signum == signal.SIGKILL:
+            assert f"the previous attempt (pid {pid} on " in again.stdout, again.stdout[-3000:]
+            assert "removed 2 partial file(s)" in again.stdout, again.stdout[-3000:]
+        assert not records.partial_files(run_dir)
+        assert record_of(root)["status"] == "complete"
+        assert metrics_of(run_dir) == expected, signum.name
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 96 KiB tmpfs: room for the run's config, log and records, not for a 145 KB training checkpoint."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_leaves_a_failed_record_naming_enospc(overrides, small_tmpfs):
+    proc = run_cli(["method=lora", *overrides(small_tmpfs / "runs")])
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    rec = record_of(small_tmpfs / "runs")
+    assert rec["status"] == "failed" and rec["phase"] == "train", (rec.get("error"), proc.stderr[-3000:])
+    assert rec["error"]["errno"] == "ENOSPC" and "No space left on device" in rec["error"]["message"], rec["error"]
+    assert not records.partial_files(only_run_dir(small_tmpfs / "runs"))  # the checkpoint's partial file is gone
 
 
 def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
