@@ -83,44 +83,36 @@ def signalled(args, root, pattern, signum):
     return proc.returncode, log, before, proc.pid
 
 
-def test_sigterm_mid_training_then_rerun_resumes_to_the_same_final_loss(overrides, tmp_path):
+def test_sigterm_or_ctrl_c_mid_training_then_rerun_resumes_to_the_same_losses(overrides, tmp_path):
+    """While it works, the record says `running` with the process (host, pid); SIGTERM or Ctrl-C (SIGINT)
+    mid-training leaves `interrupted` naming the phase and a checkpoint that exists, exits 4, and the same command
+    resumes to exactly the uninterrupted run's losses."""
     slow = ["train.steps=40", "train.checkpoint_every=3"]
     straight = run_cli(["method=lora", *overrides(tmp_path / "straight"), *slow])
     assert straight.returncode == 0, straight.stderr[-3000:]
+    a = record_of(tmp_path / "straight")
 
-    args = ["method=lora", *overrides(tmp_path / "killed"), *slow]
-    # Stop as soon as the first periodic checkpoint exists: training is then mid-way.
-    code, log, _, _ = signalled(args, tmp_path / "killed", "*/checkpoints/step_00000003.pt", signal.SIGTERM)
-    assert code == 4, log[-3000:]  # interrupted, not failed
-    assert "SIGTERM: checkpoint saved at step" in log and "the same command resumes the run" in log, log[-3000:]
-    killed_step = int(log.split("SIGTERM: checkpoint saved at step ")[1].split()[0])
-    assert 3 <= killed_step < 40
-    assert record_of(tmp_path / "killed")["status"] == "interrupted"
+    for signum, why in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT (Ctrl-C)")):
+        root = tmp_path / signum.name
+        args = ["method=lora", *overrides(root), *slow]
+        # Stop as soon as the first periodic checkpoint exists: training is then mid-way.
+        code, log, running, pid = signalled(args, root, "*/checkpoints/step_00000003.pt", signum)
+        assert running["status"] == "running" and running["process"]["pid"] == pid
+        assert len(running["provenance"]["git_sha"]) == 40
+        assert code == 4 and "the same command resumes the run" in log, log[-3000:]
+        rec = record_of(root)
+        assert rec["status"] == "interrupted" and rec["phase"] == "train", rec.get("interrupted")
+        assert rec["interrupted"]["reason"] == f"{why} during train"
+        step = rec["interrupted"]["step"]
+        assert 3 <= step < 40 and (only_run_dir(root) / "checkpoints" / f"step_{step:08d}.pt").is_file()
 
-    resumed = run_cli(args)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from checkpoint step_{killed_step:08d}.pt at step {killed_step}" in resumed.stdout
-    a, b = record_of(tmp_path / "straight"), record_of(tmp_path / "killed")
-    assert b["status"] == "complete" and b["train"]["resumed_from"] == killed_step
-    assert b["train"]["losses"] == pytest.approx(a["train"]["losses"], rel=1e-6)
-    assert b["train"]["final_loss"] == pytest.approx(a["train"]["final_loss"], rel=1e-6)
-
-
-def test_a_run_is_recorded_running_from_the_start_and_ctrl_c_is_an_interruption(overrides, tmp_path):
-    """While it works, the record says `running` with the process (host, pid); Ctrl-C (SIGINT) mid-training
-    leaves `interrupted` naming the phase and a checkpoint that exists, exits 4, and the same command resumes."""
-    args = ["method=lora", *overrides(tmp_path / "runs"), "train.steps=40", "train.checkpoint_every=3"]
-    code, log, running, pid = signalled(args, tmp_path / "runs", "*/checkpoints/step_00000003.pt", signal.SIGINT)
-    assert running["status"] == "running" and running["process"]["pid"] == pid
-    assert len(running["provenance"]["git_sha"]) == 40
-    assert code == 4 and "the same command resumes the run" in log, log[-3000:]
-    rec = record_of(tmp_path / "runs")
-    assert rec["status"] == "interrupted" and rec["phase"] == "train", rec.get("interrupted")
-    assert rec["interrupted"]["reason"] == "SIGINT (Ctrl-C) during train"
-    step = rec["interrupted"]["step"]
-    assert (only_run_dir(tmp_path / "runs") / "checkpoints" / f"step_{step:08d}.pt").is_file()
-    resumed = run_cli(args)
-    assert resumed.returncode == 0 and f"at step {step}" in resumed.stdout, resumed.stderr[-3000:]
+        resumed = run_cli(args)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert f"resumed from checkpoint step_{step:08d}.pt at step {step}" in resumed.stdout
+        b = record_of(root)
+        assert b["status"] == "complete" and b["train"]["resumed_from"] == step
+        assert b["train"]["losses"] == pytest.approx(a["train"]["losses"], rel=1e-6)
+        assert b["train"]["final_loss"] == pytest.approx(a["train"]["final_loss"], rel=1e-6)
 
 
 def metrics_of(run_dir):
