@@ -128,11 +128,11 @@ def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_un
     """SIGTERM / SIGINT during evaluation leave `interrupted` (phase evaluate) and exit 4; SIGKILL leaves the
     `running` record of a dead process. Each time the same command finishes the run: it says what the killed
     attempt left, removes partial files, does not train again, and gives exactly the uninterrupted metrics."""
-    scales = "eval.scales=[0.25,0.5,0.75,1]"
+    scales = "eval.scales=[0.5,1]"
     straight = run_cli(["method=lora", *overrides(tmp_path / "straight"), scales])
     assert straight.returncode == 0, straight.stderr[-3000:]
     expected = metrics_of(only_run_dir(tmp_path / "straight"))
-    assert set(expected) == {"1", "0.25", "0.5", "0.75"}
+    assert set(expected) == {"1", "0.5"}
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         root = tmp_path / signum.name
