@@ -1,4 +1,4 @@
-"""Training step time: ATLAS vs LoRA (same rank, same target modules) vs the frozen base, as ratios.
+"""Training step time: full fine-tuning, LoRA, ATLAS and the frozen base on one batch, as ratios and throughput shares.
 
     python -m bench.train_step                                  # micro + qwen3-cpu on this CPU
     python -m bench.train_step --shape qwen3-8b --device cuda --dtype bfloat16 --batch 2 --seq 1024
@@ -6,6 +6,8 @@
 One step is what `experiments.train.train` does per optimizer step with grad_accum 1: forward
 with labels, backward, gradient clipping at 1.0, AdamW step, zero_grad. Variants:
 
+- fullft: plain full-parameter fine-tuning of a private copy of the backbone (every weight trained, AdamW): the
+  throughput every adapter is compared with (`x fullft`, and tokens/s as a share of full FT's).
 - base: the frozen backbone, forward + backward down to the input embeddings, no optimizer; the
   activation-gradient work any adapter pays, so `lora/base` and `atlas/base` are adapter overheads.
 - lora: `baselines.lora.LoRA` (peft), conf/method/lora.yaml, on all seven projections.
@@ -20,6 +22,7 @@ interleaved rounds (order rotated each round) after warm-up, and the median is r
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import torch
@@ -33,6 +36,7 @@ from bench.common import (
 
 SCRIPT = "train_step"
 VARIANTS = {
+    "fullft": "full-parameter fine-tuning of a private copy (every weight trained); AdamW step",
     "base": "frozen backbone: forward + backward to the input embeddings, no optimizer step",
     "lora": "peft LoRA (conf/method/lora.yaml) on q,k,v,o,gate,up,down; AdamW step",
     "atlas": "ATLAS, hard assignment (conf/method/atlas.yaml), same rank and modules; AdamW step",
@@ -43,6 +47,12 @@ TARGET = ("atlas/lora", 1.25)
 
 
 def build_variant(name: str, bb, st):
+    if name == "fullft":
+        model = copy.deepcopy(bb.model)  # its own weights: the AdamW step changes them, the others share bb's
+        for p in model.parameters():
+            p.requires_grad_(True)
+        model.train()
+        return model, list(model.parameters())
     model = shared_copy(bb.model)
     if name == "base":
         model.enable_input_require_grads()  # backward runs through every layer, as under an adapter
@@ -85,6 +95,7 @@ def bench_shape(shape: str, st, args, names: list[str]) -> dict:
     batch_size = args.batch or (16 if bb.pretrained else 1)
     batch = train_batch(bb, batch_size, args.seq, st.seed)
     tokens = int(batch["attention_mask"].sum())
+    real_share = tokens / batch["attention_mask"].numel()  # the rest is padding the step computes anyway
     print(f"[{shape}] {bb.describe()['params'] / 1e6:.1f}M params, {batch_size} x {batch['input_ids'].shape[1]} "
           f"({tokens} tokens), {bb.dtype}, {bb.device}", flush=True)
     models, params = {}, {}
@@ -116,21 +127,28 @@ def bench_shape(shape: str, st, args, names: list[str]) -> dict:
                        "trainable_params": sum(p.numel() for p in params[n]), "peak_memory_bytes": memory.get(n)}
     med = {n: variants[n]["median_s"] for n in names}
     ratios = {f"{a}/{b}": med[a] / med[b] for a, b in
-              [("atlas", "lora"), ("atlas", "base"), ("lora", "base"), ("atlas_soft", "lora"), ("atlas_prev", "lora"),
+              [("lora", "fullft"), ("atlas", "fullft"), ("atlas", "lora"), ("atlas", "base"), ("lora", "base"), ("atlas_soft", "lora"), ("atlas_prev", "lora"),
                ("atlas_prev", "base"), ("atlas", "atlas_prev")] if a in med and b in med}
     result = {"shape": shape, "backbone": bb.describe(), "batch": {"sequences": batch_size,
-              "length": int(batch["input_ids"].shape[1]), "tokens": tokens},
+              "length": int(batch["input_ids"].shape[1]), "tokens": tokens,
+                                       "real_token_share": real_share},
               "atlas_prepare_s": bb.extras.get("atlas_prepare_s"), "atlas_vs_prev_max_abs_logit_diff": check,
               "variants": variants, "ratios": ratios}
     if TARGET[0] in ratios:
         result["target"] = {"ratio": TARGET[0], "limit": TARGET[1], "value": ratios[TARGET[0]],
                             "met": ratios[TARGET[0]] <= TARGET[1]}
+    if "fullft" in med:
+        for n in names:  # throughput as a share of plain full fine-tuning's, on the same batch
+            variants[n]["share_of_fullft_throughput"] = med["fullft"] / med[n]
     rows = [[n, variants[n]["ms_per_step"], variants[n]["min_s"] * 1e3, f"{variants[n]['iqr_rel'] * 100:.1f}%",
+             variants[n]["tokens_per_s"],
+             f"{variants[n]['share_of_fullft_throughput'] * 100:.0f}%" if "fullft" in med else "-",
              med[n] / med["base"] if "base" in med else "-", med[n] / med["lora"] if "lora" in med else "-"]
             for n in names]
     print(f"\n{shape}: training step, median of {args.repeats} ({batch_size} x {batch['input_ids'].shape[1]}, "
-          f"{tokens} tokens, {bb.dtype}, {bb.device})")
-    print(table(["variant", "ms/step", "min ms", "IQR", "x base", "x lora"], rows) + "\n", flush=True)
+          f"{tokens} tokens = {real_share * 100:.0f}% of the padded positions, {bb.dtype}, {bb.device})")
+    print(table(["variant", "ms/step", "min ms", "IQR", "tokens/s", "of fullft", "x base", "x lora"], rows) + "\n",
+          flush=True)
     del models, steps
     return result
 
