@@ -18,7 +18,7 @@ import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 from analysis.schema import (  # noqa: F401  (the record layout has one definition, shared with analysis)
     CODE_SAMPLES_NAME,
@@ -81,30 +81,38 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    """Write JSON so that readers see either the old file or the whole new one (temp file, fsync, rename); the
-    file gets the user's umask, as `open()` would give it (a temp file alone would be 0600)."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Write a file so that readers see either the old one or the whole new one: `write(fh)` fills a temporary
+    file beside it (named `.<name>.*.tmp`, see `partial_files`), which is fsynced and renamed over `path`. The file
+    gets the user's umask, as `open()` would give it (a temp file alone would be 0600). On an error the temporary
+    file is closed before it is removed: an unlinked file still open keeps its blocks, and on a full disk the
+    record saying why the run stopped could not be written either."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, file_mode())
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """`data` as indented JSON, written with `atomic_write`."""
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def partial_files(run_dir: Path) -> list[Path]:
-    """The temporary files a killed writer leaves in a run directory: every atomic write here (record, checkpoint,
-    export, atlas) goes through a name ending in `.tmp` or `.tmp-<pid>` that is renamed when
-    complete, so such a file is never a result. Only safe to remove under the run's lock."""
+    """The temporary files a killed writer leaves in a run directory: every atomic write of a run (records and
+    checkpoints through `atomic_write`, the atlas, cached activations) goes through a name ending in `.tmp` or
+    `.tmp-<pid>` that is renamed when complete, so such a file is never a result. Only safe to remove under the
+    run's lock."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []

@@ -8,10 +8,8 @@ same config resumes from the newest checkpoint and ends where an uninterrupted r
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,7 @@ from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
 from experiments.prompts import collate
-from experiments.records import file_mode
+from experiments.records import atomic_write
 
 log = logging.getLogger("suite.train")
 
@@ -145,27 +143,18 @@ class _WriteErrors:
 
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Write `state` atomically as checkpoints/step_<step>.pt and keep only the newest `keep`."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"step_{step:08d}.pt"
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt.", suffix=".tmp", dir=folder)
-    os.fchmod(fd, file_mode())  # the user's umask, as open() would give (a temp file alone is 0600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            sink = _WriteErrors(fh)
-            try:
-                torch.save(state, sink)
-            except RuntimeError as exc:
-                if sink.error is not None:  # torch reports a failed write (a full disk) as a bare RuntimeError
-                    raise sink.error from exc
-                raise
-            fh.flush()
-            os.fsync(fh.fileno())
-        # the file is closed here even on an error: an unlinked file still open would keep its blocks allocated
-        os.replace(tmp, final)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    final = Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
+
+    def write(fh) -> None:
+        sink = _WriteErrors(fh)
+        try:
+            torch.save(state, sink)
+        except RuntimeError as exc:
+            if sink.error is not None:  # torch reports a failed write (a full disk) as a bare RuntimeError
+                raise sink.error from exc
+            raise
+
+    atomic_write(final, write)
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final
