@@ -105,8 +105,6 @@ def required_scales(typed: Any) -> list[float]:
 def discard_rejected_run_dir() -> None:
     """Remove the run directory Hydra made for a run rejected before any work (one holding nothing but `.hydra/`),
     so a bad config leaves no folder behind for the report to count as a run."""
-    import shutil
-
     try:
         from hydra.core.hydra_config import HydraConfig
 
