@@ -17,6 +17,32 @@ def pairwise_sq_dists(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return torch.cdist(x, c, compute_mode="donot_use_mm_for_euclid_dist").square()
 
 
+class CenteredCenters:
+    """Centers prepared for `nearest_centers`: in float64, about their mean m, with |c - m|^2 and the weights."""
+
+    def __init__(self, centers: torch.Tensor, weights: torch.Tensor) -> None:
+        c = centers.detach().double()
+        self.origin = c.mean(0)
+        self.centers = c - self.origin
+        self.sq_norms = self.centers.square().sum(1)
+        self.weights = weights.detach().double().reshape(-1)
+
+
+def nearest_centers(x: torch.Tensor, prepared: CenteredCenters) -> torch.Tensor:
+    """(n,) argmin_k w_k ||x_i - c_k||^2 for the rows of `x` (no gradient).
+
+    In float64 by the expansion |x - m|^2 - 2 (x - m).(c_k - m) + |c_k - m|^2 about the centers' mean m: one
+    matrix product instead of the n k d differences of `pairwise_sq_dists` (3-5x faster on a CPU at an atlas
+    site's sizes). Its rounding, about 1e-16 |x - m|^2 per distance, is below that of float32 differences
+    (1e-7 |x - c_k|^2) wherever |x - c_k| > 3e-5 |x - m|; a test checks the argmin against float64 differences
+    on degenerate clusters far from the origin.
+    """
+    x64 = x.detach().double() - prepared.origin
+    dist = torch.addmm(prepared.sq_norms, x64, prepared.centers.T, alpha=-2.0)
+    dist += x64.square().sum(1, keepdim=True)
+    return (dist * prepared.weights).argmin(1)
+
+
 def kmeans_plus_plus(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """k initial centers: the first uniformly, each next with probability proportional to D(x)^2."""
     n = x.shape[0]

@@ -5,9 +5,11 @@ layers add s B A x for every input. With gate and filter disabled this layer is 
 (same init, same outputs, same gradients; a test checks it against peft).
 
 How it is computed (docs/method.md). Per site (the modules reading one tensor share it):
-- all normalised distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 in float32 from the differences
-  (torch.cdist without the |x|^2 - 2 x.c + |c|^2 expansion, which cancels catastrophically for tight
-  clusters far from the origin: a float64 test covers degenerate and near-degenerate clusters);
+- the nearest center k*(x) = argmin_k delta_k(x), delta_k(x) = ||x - c_k||^2 / sigma_k^2, from one float64
+  matrix product (`atlas.kmeans.nearest_centers`); the distance values themselves only where they are used:
+  every delta_k exactly from the differences (torch.cdist without the |x|^2 - 2 x.c + |c|^2 expansion, which
+  cancels catastrophically in float32 for tight clusters far from the origin) for soft assignment, and delta_k*
+  from its difference for the distance gate (tests cover degenerate and near-degenerate clusters in float64);
 - all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
   times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
   z = (w_k U_k^T x)_k, flattened to (n, K R).
@@ -35,14 +37,14 @@ import torch
 from torch import nn
 
 from atlas.atlas import EPS, SiteAtlas
-from atlas.kmeans import pairwise_sq_dists
+from atlas.kmeans import CenteredCenters, nearest_centers, pairwise_sq_dists
 
 
 class AtlasSite(nn.Module):
     """A site's frozen atlas as buffers, plus the per-input conditioning shared by the modules reading it.
 
     `condition(x)` returns the gate g(x) (n, 1), the assignment weights (n, K) — the one-hot of k*
-    (bool) for hard assignment, softmax(-delta_k / tau) for soft — the weighted filter coordinates
+    (in x's dtype) for hard assignment, softmax(-delta_k / tau) for soft — the weighted filter coordinates
     z = (w_k U_k^T x)_k flattened center-major to (n, K R), and k* (n,).
     The result for the most recent input tensor is reused (q/k/v and gate/up read the same tensor).
     """
@@ -66,29 +68,47 @@ class AtlasSite(nn.Module):
         self.gate_temperature, self.assign_temperature = gate_temperature, assign_temperature
         self.gate_signal, self.conditioning = gate_signal, float(conditioning)
         self._last: Optional[tuple] = None
+        self._prepared: Optional[tuple] = None
 
     def distances(self, flat: torch.Tensor) -> torch.Tensor:
         """(n, K) normalised squared distances delta_k(x) = ||x - c_k||^2 / sigma_k^2 of the rows of `flat`, float32,
         from the differences (`atlas.kmeans.pairwise_sq_dists`: no expansion that cancels)."""
         return pairwise_sq_dists(flat.float(), self.centers.float()) * self.inv_sigma2
 
+    def nearest(self, flat: torch.Tensor) -> torch.Tensor:
+        """(n,) k*(x) = argmin_k delta_k(x) of the rows of `flat` (`atlas.kmeans.nearest_centers`, no gradient)."""
+        key = (self.centers.data_ptr(), self.centers._version, self.inv_sigma2.data_ptr(), self.inv_sigma2._version,
+               self.centers.device)
+        if self._prepared is None or self._prepared[0] != key:
+            self._prepared = (key, CenteredCenters(self.centers, self.inv_sigma2))
+        return nearest_centers(flat, self._prepared[1])
+
     def condition(self, x: torch.Tensor):
         if self._last is not None and self._last[0]() is x:
             return self._last[1]
         flat = x.reshape(-1, x.shape[-1])
-        n = flat.shape[0]
-        delta_k = self.distances(flat)  # (n, K)
-        delta, kstar = delta_k.min(1)
+        n, k = flat.shape[0], self.centers.shape[0]
         lam = self.conditioning
+        soft = self.assign == "soft" and lam != 0.0 and self.use_filter
+        distance_gate = lam != 0.0 and self.use_gate and self.gate_signal == "distance"
+        if soft:  # every delta_k is needed, exactly
+            delta_k = self.distances(flat)
+            delta, kstar = delta_k.min(1)
+        else:
+            kstar = self.nearest(flat)
+            if distance_gate:  # delta_k* from the difference itself, with its gradient
+                diff = flat.float() - self.centers.float()[kstar]
+                delta = diff.square().sum(1) * self.inv_sigma2[kstar]
         gate = weights = z = None
-        coords = None
+        coords = onehot = None
         if lam != 0.0 and (self.use_filter or (self.use_gate and self.gate_signal == "subspace")):
-            coords = flat @ self.filter_cols.to(flat.dtype)  # (n, K R): U_k^T x for every k
+            coords = (flat @ self.filter_cols.to(flat.dtype)).view(n, k, -1)  # (n, K, R): U_k^T x for every k
+            onehot = (kstar.unsqueeze(1) == self.center_ids).to(flat.dtype)  # (n, K)
+            kept = coords * onehot.unsqueeze(2)  # U_k*^T x in block k*, zeros elsewhere
         if lam != 0.0 and self.use_gate:
             if self.gate_signal == "subspace":  # the share of x's energy outside its nearest center's filter
-                kept = coords.view(n, self.centers.shape[0], -1)[torch.arange(n, device=flat.device), kstar].float()
                 energy = flat.float().square().sum(1)
-                signal = (energy - kept.square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
+                signal = (energy - kept.view(n, -1).float().square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
             else:
                 signal = delta
             logit = (signal.clamp_min(EPS).log() - self.log_q) * self.gate_slope
@@ -98,11 +118,11 @@ class AtlasSite(nn.Module):
             if lam != 1.0:  # the conditioning knob: 1 - lam + lam g, from no gate (0) to the full gate (1)
                 gate = torch.lerp(torch.ones_like(gate), gate, lam)
         if lam != 0.0 and self.use_filter:
-            if self.assign == "soft":
+            if soft:
                 weights = torch.softmax(-delta_k / self.assign_temperature, dim=1)
+                z = (coords * weights.unsqueeze(2).to(coords.dtype)).view(n, -1)
             else:
-                weights = kstar.unsqueeze(1) == self.center_ids
-            z = (coords.view(n, weights.shape[1], -1) * weights.unsqueeze(2)).view(n, -1)
+                weights, z = onehot, kept.view(n, -1)
             if lam != 1.0:  # A Pi_lam x = A x - lam (A U) z: from no filter (0) to the full filter (1)
                 z = z * lam
         out = (gate, weights, z, kstar)

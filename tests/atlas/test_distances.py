@@ -33,6 +33,24 @@ def test_distances_match_float64_for_degenerate_clusters_far_from_the_origin():
     torch.testing.assert_close(got, exact, rtol=1e-4, atol=0.0)
     assert torch.equal(got.argmin(1), exact.argmin(1))
     assert torch.equal(site.delta(x32).double().argmin(1), exact.argmin(1))
+    # the layer's nearest center (float64 expansion about the centers' mean), for every point
+    assert torch.equal(AtlasSite(site).nearest(x32), exact.argmin(1))
+
+
+def test_nearest_center_matches_float64_differences_on_activation_like_data():
+    """k* from the float64 expansion against argmin of float64 differences: 4,000 points of norm ~1e3 with a shared
+    offset (as one token position's activations have), 16 centers among them, radii over 6 orders of magnitude."""
+    g = torch.Generator().manual_seed(3)
+    offset = torch.randn(96, generator=g, dtype=torch.float64) * 100.0
+    points = offset + torch.randn(4000, 96, generator=g, dtype=torch.float64) * torch.logspace(-3, 1, 4000,
+                                                                                                dtype=torch.float64)[:, None]
+    centers = points[torch.randperm(4000, generator=g)[:16]] + 1e-4
+    sigma2 = torch.logspace(-4, 2, 16, dtype=torch.float64)
+    site = SiteAtlas(centers.float(), sigma2.float(), torch.zeros(16, 96, 1), torch.zeros(16, dtype=torch.int32),
+                     torch.tensor(0.0))
+    x32 = points.float()
+    exact = ((x32.double()[:, None, :] - site.centers.double()[None]).square().sum(2) / site.sigma2.double())
+    assert torch.equal(AtlasSite(site).nearest(x32), exact.argmin(1))
     # the expansion the layer used before: off by orders of magnitude on the tight clusters
     xf, cf = x32, site.centers
     expansion = (xf.square().sum(1, keepdim=True) - 2 * xf @ cf.T + cf.square().sum(1)).clamp_min(0) / site.sigma2
