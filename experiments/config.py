@@ -170,6 +170,7 @@ class TrainConfig:
     log_every: int = MISSING
     progress: bool = MISSING
     num_threads: Optional[int] = MISSING
+    length_groups: int = MISSING
 
 
 @dataclass
@@ -285,7 +286,8 @@ def _validate(data: dict) -> DictConfig:
         _fail("train.steps", tr.steps, "must be >= 0")
     if tr.scheduler not in SCHEDULERS:
         _fail("train.scheduler", tr.scheduler, f"one of {list(SCHEDULERS)}")
-    for key in ("batch_size", "grad_accum", "max_length", "checkpoint_every", "keep_checkpoints", "log_every", "num_threads"):
+    for key in ("batch_size", "grad_accum", "max_length", "checkpoint_every", "keep_checkpoints", "log_every", "num_threads",
+                "length_groups"):
         _positive(f"train.{key}", tr[key])
     if tr.warmup_steps < 0:
         _fail("train.warmup_steps", tr.warmup_steps, "must be >= 0")

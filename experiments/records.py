@@ -43,6 +43,7 @@ PRESENTATION_KEYS = (
     "train.keep_checkpoints",
     "train.log_every",
     "train.num_threads",
+    "train.length_groups",  # the same examples and loss per step in fewer padded positions: rounding differs, as with threads
     "eval.cache_dir",
     "eval.sandbox_workers",
     "rerun_before",  # which records count as stale, not what a run computes

@@ -21,7 +21,7 @@ import torch
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
-from experiments.prompts import collate
+from experiments.batching import sft_batches, sft_loss_sum, target_count
 from experiments.records import atomic_write
 
 log = logging.getLogger("suite.train")
@@ -206,8 +206,9 @@ def train(
     """Train `model` for `cfg.steps` optimizer steps of `cfg.batch_size` x `cfg.grad_accum` encoded examples.
 
     Loss: mean token cross-entropy on response tokens (labels != -100) per micro-batch, divided
-    by `grad_accum`, plus the method's `extra_loss`. Resumes from the newest checkpoint in
-    `ctx.run_dir` when one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    by `grad_accum`, plus the method's `extra_loss`. A micro-batch runs as at most `cfg.length_groups`
+    right-padded groups of similar length, with logits only at target positions (`experiments.batching`: the
+    same loss). Resumes from the newest checkpoint in `ctx.run_dir` when one exists. Raises `Preempted` after saving a checkpoint on a signal.
     `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
     if cfg.batch_size is None or cfg.grad_accum is None:
@@ -260,16 +261,18 @@ def train(
             step_loss = 0.0
             for _ in range(grad_accum):
                 micro = method.mix_batches([examples[i] for i in stream.take(batch_size)], ctx)
-                batch = {k: v.to(ctx.device) for k, v in collate(micro, pad_id).items()}
-                with torch.autocast(ctx.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-                    loss = out.loss
-                    extra = method.extra_loss(model, batch, ctx)
-                    if extra is not None:
-                        loss = loss + extra
-                (loss / grad_accum).backward()
-                step_loss += loss.item() / grad_accum
-                result.tokens_seen += int(batch["attention_mask"].sum())
+                groups = [{k: v.to(ctx.device) for k, v in g.items()} for g in sft_batches(micro, pad_id, cfg.length_groups)]
+                targets = sum(target_count(g) for g in groups)
+                for g_index, batch in enumerate(groups):  # one forward and backward per length group
+                    with torch.autocast(ctx.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                        loss = sft_loss_sum(model, batch) / targets
+                        if g_index == len(groups) - 1:  # the method's term once per micro-batch
+                            extra = method.extra_loss(model, batch, ctx)
+                            if extra is not None:
+                                loss = loss + extra
+                    (loss / grad_accum).backward()
+                    step_loss += loss.item() / grad_accum
+                    result.tokens_seen += int(batch["attention_mask"].sum())
             if cfg.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
