@@ -44,9 +44,13 @@ class LoRA(Method):
         """The peft `LoraConfig` this method applies to `targets`."""
         from peft import LoraConfig
 
+        from baselines.fused_lora import FusedLoraLinear
+
         p = self.params
-        return LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(targets),
-                          bias="none", task_type="CAUSAL_LM", **self.peft_init(), **extra)
+        config = LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(targets),
+                            bias="none", task_type="CAUSAL_LM", **self.peft_init(), **extra)
+        config._register_custom_module({torch.nn.Linear: FusedLoraLinear})  # peft's layer, one fused product
+        return config
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         from peft import get_peft_model
