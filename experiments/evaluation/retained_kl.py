@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from experiments.evaluation.scoring import iter_response_logprobs
 
 LOGPROB_TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+#: Values (rows x vocabulary) per chunk of the full-mode KL: 4M float32 values, 16 MB per temporary.
+KL_CHUNK_ELEMENTS = 1 << 22
 
 
 def quantize_logprobs(logprobs: torch.Tensor, dtype: str) -> torch.Tensor:
@@ -119,9 +121,14 @@ class CachedLogprobs:
     def per_token_kl(self, rows: torch.Tensor, adapted_logprobs: torch.Tensor) -> torch.Tensor:
         """[len(rows)] KL(base || adapted) at the given cached rows, `adapted_logprobs` [len(rows), V]."""
         if self.mode == "full":
-            base = self.full[rows].to(adapted_logprobs.device)
-            base = torch.log_softmax(base.float(), dim=-1)
-            return per_token_kl_full(base, quantize_logprobs(adapted_logprobs, self.dtype))
+            # In row chunks of about KL_CHUNK_ELEMENTS values: every step below makes a float32 temporary of
+            # the chunk's size, and one of all rows x vocabulary costs more to allocate than to compute.
+            step = max(1, KL_CHUNK_ELEMENTS // max(1, adapted_logprobs.shape[-1]))
+            out = []
+            for lo in range(0, len(rows), step):
+                base = torch.log_softmax(self.full[rows[lo:lo + step]].to(adapted_logprobs.device).float(), dim=-1)
+                out.append(per_token_kl_full(base, quantize_logprobs(adapted_logprobs[lo:lo + step], self.dtype)))
+            return torch.cat(out) if out else adapted_logprobs.new_zeros(0, dtype=torch.float32)
         dev = adapted_logprobs.device
         return per_token_kl_topk(
             self.topk_logprobs[rows].to(dev), self.topk_indices[rows].to(dev),

@@ -83,6 +83,20 @@ def test_matches_hand_computation(setup):
     assert res16["kl_token_mean"] == pytest.approx(token_mean, rel=2e-2)
 
 
+def test_full_mode_in_row_chunks_equals_one_pass(setup, monkeypatch):
+    """The full-mode KL over chunks of 3 rows (a chunk boundary inside every response) against all rows at once."""
+    from experiments.evaluation import retained_kl as R
+
+    tok, base, adapted, prompt_ids, responses = setup
+    cached = cache_logprobs(base, prompt_ids, responses, mode="full", dtype="float16", top_k=8,
+                            pad_id=tok.pad_token_id, batch_size=2)
+    one = retained_kl(adapted, prompt_ids, responses, cached, pad_id=tok.pad_token_id, batch_size=4)
+    monkeypatch.setattr(R, "KL_CHUNK_ELEMENTS", 3 * cached.full.shape[1])
+    chunked = retained_kl(adapted, prompt_ids, responses, cached, pad_id=tok.pad_token_id, batch_size=4)
+    assert chunked["kl_token_mean"] == pytest.approx(one["kl_token_mean"], rel=1e-6) and one["kl_token_mean"] > 1e-3
+    assert chunked["kl_seq_mean"] == pytest.approx(one["kl_seq_mean"], rel=1e-6)
+
+
 def test_direction_is_base_first():
     p = torch.tensor([[0.98, 0.01, 0.01]])
     q = torch.tensor([[1 / 3, 1 / 3, 1 / 3]])
