@@ -227,7 +227,9 @@ class Job:
     base_record: dict
     started: datetime
 
-    def run(self) -> dict:
+    def load_and_prepare(self) -> tuple[torch.nn.Module, RunContext, Any]:
+        """Seed, load the backbone and apply the method (`prepare`): the model to train, its context, and the
+        resolved training settings."""
         typed, method, bb = self.typed, self.method, self.typed.backbone
         train_cfg, self.eval_cfg = resolved_train(typed), eval_config(typed)
         if train_cfg.num_threads:
@@ -244,7 +246,11 @@ class Job:
         self.key, self._base = backbone_key(bb), None
         ctx = run_context(typed, self.tokenizer, self.benchmark, self.run_dir, self.device, self.reference)
         set_phase("prepare")
-        model = method.prepare(model, ctx)
+        return method.prepare(model, ctx), ctx, train_cfg
+
+    def run(self) -> dict:
+        typed, method, bb = self.typed, self.method, self.typed.backbone
+        model, ctx, train_cfg = self.load_and_prepare()
         summary = model_summary(model)
 
         result = None

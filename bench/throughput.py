@@ -1,0 +1,204 @@
+"""Training throughput of the suite's own loop, every method, as a share of plain full fine-tuning in the same process.
+
+    python -m bench.throughput                              # micro, every method, 3 length groups and 1
+    python -m bench.throughput --methods lora,atlas --groups 1,2,3,4 --repeats 5
+
+Each method is what `python run.py method=<name>` trains: its config (conf/method/<name>.yaml), the backbone and
+benchmark of `--backbone`, prepared by `experiments.job.Job.load_and_prepare` (an atlas, a Fisher, a replay pool,
+a decomposition: whatever the method builds before training), then trained by `experiments.train.train` itself,
+with its hooks (`mix_batches`, `extra_loss`, `after_step`). A method's tokens/s is the loop's own measure,
+`tokens_seen / train_seconds` of the returned `TrainResult`: real tokens (replayed ones included) per second of
+the step loop (checkpoint writes excluded).
+
+`plain` is the reference the shares are taken of: plain full-parameter fine-tuning of the backbone in a minimal
+loop, AdamW, gradient clipping at 1.0, batches of the same examples with no padding (each step's examples
+concatenated and cut into `batch_size` rows of equal width, every token a target). It is the throughput the
+hardware gives a dense batch of this model, with nothing a suite adds.
+
+Layouts: `--groups` values of `train.length_groups` (`experiments.batching`: a micro-batch as at most that many
+right-padded groups of similar length; 1 = one right-padded batch). Every timed round runs `--steps` steps of
+each (method, groups) in turn, the order rotated each round, after one untimed warm-up round; the median round
+is reported. Every method starts each round from the same data position, so all see the same batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from bench.common import REPO, command_line, common_parser, environment, summary, table, write_json
+
+SCRIPT = "throughput"
+DEFAULT_METHODS = ("fullft", "lora", "atlas", "olora", "replay", "ewc", "lwf", "corda", "inflora", "dora", "pissa",
+                   "milora", "loranull")
+TARGETS = {"lora": 1.0, "atlas": 0.8}  # share of plain full fine-tuning's tokens/s
+
+
+def compose(method: str, backbone: str, overrides: Sequence[str]):
+    """The composed config of `python run.py method=<method> backbone=<backbone> <overrides>`."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return hydra_compose("config", overrides=[f"method={method}", f"backbone={backbone}", *overrides])
+
+
+def has_length_groups() -> bool:
+    """Whether this checkout's loop has `train.length_groups` (code from before it ran one padded batch)."""
+    from experiments.config import TrainConfig
+
+    return "length_groups" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+class LoopVariant:
+    """One method prepared as `run.py` prepares it, timed through `experiments.train.train`."""
+
+    def __init__(self, method_name: str, backbone: str, overrides: Sequence[str], scratch: Path) -> None:
+        from omegaconf import OmegaConf
+
+        from experiments import records
+        from experiments.config import validate_config
+        from experiments.data.benchmark import build_benchmark
+        from experiments.job import Job, encode_target
+        from experiments.methods import build_method
+
+        typed = validate_config(compose(method_name, backbone, overrides))
+        run_id = records.run_id_of(OmegaConf.to_container(typed, resolve=True))
+        method = build_method(typed.method)
+        benchmark = build_benchmark(typed.benchmark)
+        self.name, self.scratch, self.backbone_cfg = method_name, scratch, typed.backbone
+        job = Job(typed, run_id, scratch / run_id, method, benchmark, logger=None, base_record={},
+                  started=datetime.now(timezone.utc))
+        t0 = time.perf_counter()
+        self.model, self.ctx, self.train_cfg = job.load_and_prepare()
+        self.prepare_s = time.perf_counter() - t0
+        self.method = method
+        self.examples = encode_target(benchmark, job.tokenizer, typed.backbone.chat_template, self.train_cfg.max_length)
+        self.tokenizer, self.calls = job.tokenizer, 0
+
+    def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
+        """(real tokens, seconds) of `steps` training steps from the data stream's start, in a fresh run folder."""
+        from experiments.train import train
+
+        self.calls += 1
+        extra = {"length_groups": groups} if groups else {}
+        cfg = dataclasses.replace(self.train_cfg, steps=steps, warmup_steps=0, checkpoint_every=10**9,
+                                  keep_checkpoints=1, progress=False, **extra)
+        self.ctx.run_dir = self.scratch / f"{self.name}-{self.calls}"
+        result = train(self.model, self.method, self.examples, self.ctx, cfg)
+        return result.tokens_seen, result.train_seconds
+
+
+class PlainFullFT:
+    """Plain full fine-tuning: every weight of a copy of the backbone, AdamW, dense rows of the same examples."""
+
+    def __init__(self, model: torch.nn.Module, examples: list[dict], batch_size: int, lr: float, seed: int) -> None:
+        from experiments.train import DataStream
+
+        self.model = copy.deepcopy(model).train()
+        for p in self.model.parameters():
+            p.requires_grad_(True)
+        self.params = list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr)
+        self.examples, self.batch_size, self.seed, self.stream_cls = examples, batch_size, seed, DataStream
+
+    def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
+        stream = self.stream_cls(len(self.examples), self.seed)
+        tokens, seconds = 0, 0.0
+        for _ in range(steps):
+            ids = [t for i in stream.take(self.batch_size) for t in self.examples[i]["input_ids"]]
+            width = len(ids) // self.batch_size
+            batch = torch.tensor(ids[: width * self.batch_size]).view(self.batch_size, width)
+            t0 = time.perf_counter()
+            out = self.model(input_ids=batch, labels=batch, use_cache=False)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            seconds += time.perf_counter() - t0
+            tokens += batch.numel()
+        return tokens, seconds
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = common_parser(__doc__.splitlines()[0], "micro", repeats=3, warmup=1)
+    ap.add_argument("--backbone", default="micro", help="conf/backbone/<name> (default micro)")
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated conf/method names")
+    ap.add_argument("--groups", default="3,1", help="comma-separated train.length_groups values (default 3,1)")
+    ap.add_argument("--steps", type=int, default=10, help="training steps per method and round (default 10)")
+    ap.add_argument("--override", action="append", default=[], help="a Hydra override for every method (repeatable)")
+    args = ap.parse_args(argv)
+    rounds = args.repeats
+    try:
+        group_counts = [int(x) for x in args.groups.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"error: --groups {args.groups!r}: comma-separated integers >= 1") from None
+    if not group_counts or min(group_counts) < 1:
+        raise SystemExit(f"error: --groups {args.groups!r}: comma-separated integers >= 1")
+    if not has_length_groups():  # code from before length groups: its one groups is one padded batch
+        group_counts = [None]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if not (REPO / "conf" / "method" / f"{m}.yaml").is_file()]
+    if unknown:
+        raise SystemExit(f"error: --methods: {unknown} not in conf/method")
+
+    payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(torch.device("cpu")),
+               "backbone": args.backbone, "steps_per_round": args.steps, "rounds": rounds, "complete": False}
+    scratch = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+    variants: dict[str, object] = {}
+    prepare_s = {}
+    for m in methods:
+        print(f"[prepare] {m}", flush=True)
+        variants[m] = LoopVariant(m, args.backbone, args.override, scratch)
+        prepare_s[m] = variants[m].prepare_s
+    from experiments.backbones import load_backbone
+
+    first = next(iter(variants.values()))
+    backbone_model, _ = load_backbone(first.backbone_cfg, torch.device("cpu"))
+    variants = {"plain": PlainFullFT(backbone_model, first.examples, first.train_cfg.batch_size, first.train_cfg.lr,
+                                     first.ctx.seed), **variants}
+    runs = [(name, groups) for name in variants for groups in ([None] if name == "plain" else group_counts)]
+    times: dict[tuple, list[float]] = {r: [] for r in runs}
+    tokens: dict[tuple, int] = {}
+    for rnd in range(args.warmup + rounds):
+        order = runs[rnd % len(runs):] + runs[: rnd % len(runs)]
+        for name, groups in order:
+            n, sec = variants[name].run(args.steps, groups)
+            if rnd >= args.warmup:
+                times[(name, groups)].append(sec)
+                tokens[(name, groups)] = n
+        print(f"[round {rnd + 1}/{args.warmup + rounds}]{' (warm-up)' if rnd < args.warmup else ''} done", flush=True)
+
+    plain_tps = tokens[("plain", None)] / statistics.median(times[("plain", None)])
+    rows, results = [], []
+    for name, groups in runs:
+        s = summary(times[(name, groups)])
+        tps = tokens[(name, groups)] / s["median_s"]
+        share = tps / plain_tps
+        label = "dense" if name == "plain" else (f"{groups} groups" if groups else "padded (before groups)")
+        entry = {"method": name, "groups": label, "length_groups": groups, **s,
+                 "tokens": tokens[(name, groups)], "tokens_per_s": tps, "share_of_plain": share,
+                 "prepare_s": prepare_s.get(name)}
+        if name in TARGETS:
+            entry["target"] = {"share_of_plain": TARGETS[name], "met": share >= TARGETS[name]}
+        results.append(entry)
+        rows.append([name, entry["groups"], tokens[(name, groups)], s["median_s"] * 1e3 / args.steps,
+                     f"{s['iqr_rel'] * 100:.1f}%", tps, f"{share * 100:.0f}%"])
+    payload.update(results=results, complete=True)
+    print(f"\n{args.backbone}: training loop, {args.steps} steps per round, median of {rounds} rounds")
+    print(table(["method", "groups", "tokens/round", "ms/step", "IQR", "tokens/s", "of plain"], rows) + "\n", flush=True)
+    write_json(args.out, SCRIPT, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
