@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from atlas.kmeans import CenteredCenters, kmeans, nearest_centers, pairwise_sq_dists
+from atlas.kmeans import WeightedCenters, kmeans, nearest_centers, pairwise_sq_dists
 from experiments.activations import second_moment_basis
 
 EPS = 1e-12
@@ -62,7 +62,7 @@ class SiteAtlas:
         """(n,) share of each input's energy outside its nearest center's filter subspace,
         ||x - U_k* U_k*^T x||^2 / ||x||^2 (float32): what the directional filter passes."""
         xf = x.float()
-        kstar = nearest_centers(xf, CenteredCenters(self.centers, 1.0 / self.sigma2.float().clamp_min(EPS)))
+        kstar = nearest_centers(xf, WeightedCenters(self.centers, 1.0 / self.sigma2.float().clamp_min(EPS)))
         kept = torch.einsum("nd,ndr->nr", xf, self.filters.float()[kstar])
         energy = xf.square().sum(1)
         return (energy - kept.square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)

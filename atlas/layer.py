@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from atlas.atlas import EPS, SiteAtlas
-from atlas.kmeans import CenteredCenters, nearest_centers, pairwise_sq_dists
+from atlas.kmeans import WeightedCenters, nearest_centers, pairwise_sq_dists
 
 
 class AtlasSite(nn.Module):
@@ -80,7 +80,7 @@ class AtlasSite(nn.Module):
         key = (self.centers.data_ptr(), self.centers._version, self.inv_sigma2.data_ptr(), self.inv_sigma2._version,
                self.centers.device)
         if self._prepared is None or self._prepared[0] != key:
-            self._prepared = (key, CenteredCenters(self.centers, self.inv_sigma2))
+            self._prepared = (key, WeightedCenters(self.centers, self.inv_sigma2))
         return nearest_centers(flat, self._prepared[1])
 
     def condition(self, x: torch.Tensor):

@@ -33,7 +33,7 @@ def test_distances_match_float64_for_degenerate_clusters_far_from_the_origin():
     torch.testing.assert_close(got, exact, rtol=1e-4, atol=0.0)
     assert torch.equal(got.argmin(1), exact.argmin(1))
     assert torch.equal(site.delta(x32).double().argmin(1), exact.argmin(1))
-    # the layer's nearest center (float64 expansion about the centers' mean), for every point
+    # the layer's nearest center (the float64 expansion of `atlas.kmeans.nearest_centers`), for every point
     assert torch.equal(AtlasSite(site).nearest(x32), exact.argmin(1))
 
 
