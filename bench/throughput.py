@@ -15,6 +15,9 @@ loop, AdamW, gradient clipping at 1.0, batches of the same examples with no padd
 concatenated and cut into `batch_size` rows of equal width, every token a target). It is the throughput the
 hardware gives a dense batch of this model, with nothing a suite adds.
 
+`frozen` (`--floor`): the frozen backbone through the loop's batching, forward and backward to the input
+embeddings, no adapter, no optimizer: the floor under any method's step on these batches.
+
 Layouts: `--groups` values of `train.length_groups` (`experiments.batching`: a micro-batch as at most that many
 right-padded groups of similar length; 1 = one right-padded batch). Every timed round runs `--steps` steps of
 each (method, groups) in turn, the order rotated each round, after one untimed warm-up round; the median round
@@ -127,6 +130,36 @@ class PlainFullFT:
         return tokens, seconds
 
 
+class FrozenFloor:
+    """The frozen backbone through the loop's own batching (`experiments.batching`): forward and backward down to the
+    input embeddings, no adapter and no optimizer. No method that trains on these batches can be faster."""
+
+    def __init__(self, model: torch.nn.Module, examples: list[dict], batch_size: int, pad_id: int, seed: int) -> None:
+        from experiments.train import DataStream
+
+        self.model = copy.deepcopy(model).train()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.model.enable_input_require_grads()
+        self.examples, self.batch_size, self.pad_id, self.seed, self.stream_cls = examples, batch_size, pad_id, seed, DataStream
+
+    def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
+        from experiments.batching import sft_batches, sft_loss_sum, target_count
+
+        stream = self.stream_cls(len(self.examples), self.seed)
+        tokens, seconds = 0, 0.0
+        for _ in range(steps):
+            micro = [self.examples[i] for i in stream.take(self.batch_size)]
+            t0 = time.perf_counter()
+            batches = sft_batches(micro, self.pad_id, groups)
+            targets = sum(target_count(b) for b in batches)
+            for b in batches:
+                (sft_loss_sum(self.model, b) / targets).backward()
+                tokens += int(b["attention_mask"].sum())
+            seconds += time.perf_counter() - t0
+        return tokens, seconds
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = common_parser(__doc__.splitlines()[0], "micro", repeats=3, warmup=1)
     ap.add_argument("--backbone", default="micro", help="conf/backbone/<name> (default micro)")
@@ -134,6 +167,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--groups", default="3,1", help="comma-separated train.length_groups values (default 3,1)")
     ap.add_argument("--steps", type=int, default=10, help="training steps per method and round (default 10)")
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for every method (repeatable)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time `frozen`: the frozen backbone through the loop's batching, the floor of any method")
     args = ap.parse_args(argv)
     rounds = args.repeats
     try:
@@ -164,8 +199,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
     first = next(iter(variants.values()))
     backbone_model, _ = load_backbone(first.backbone_cfg, torch.device("cpu"))
-    variants = {"plain": PlainFullFT(backbone_model, first.examples, first.train_cfg.batch_size, first.train_cfg.lr,
-                                     first.ctx.seed), **variants}
+    reference = {"plain": PlainFullFT(backbone_model, first.examples, first.train_cfg.batch_size, first.train_cfg.lr,
+                                      first.ctx.seed)}
+    if args.floor and has_length_groups():
+        reference["frozen"] = FrozenFloor(backbone_model, first.examples, first.train_cfg.batch_size,
+                                          first.tokenizer.pad_token_id, first.ctx.seed)
+    variants = {**reference, **variants}
     runs = [(name, groups) for name in variants for groups in ([None] if name == "plain" else group_counts)]
     times: dict[tuple, list[float]] = {r: [] for r in runs}
     tokens: dict[tuple, int] = {}
@@ -185,6 +224,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         tps = tokens[(name, groups)] / s["median_s"]
         share = tps / plain_tps
         label = "dense" if name == "plain" else (f"{groups} groups" if groups else "padded (before groups)")
+        if name == "frozen":
+            label += ", frozen"
         entry = {"method": name, "groups": label, "length_groups": groups, **s,
                  "tokens": tokens[(name, groups)], "tokens_per_s": tps, "share_of_plain": share,
                  "prepare_s": prepare_s.get(name)}
