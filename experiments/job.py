@@ -249,7 +249,7 @@ class Job:
         return method.prepare(model, ctx), ctx, train_cfg
 
     def run(self) -> dict:
-        typed, method, bb = self.typed, self.method, self.typed.backbone
+        method, bb = self.method, self.typed.backbone
         model, ctx, train_cfg = self.load_and_prepare()
         summary = model_summary(model)
 

@@ -18,10 +18,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from experiments.batching import sft_batches, sft_loss_sum, target_count
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
-from experiments.batching import sft_batches, sft_loss_sum, target_count
 from experiments.records import atomic_write
 
 log = logging.getLogger("suite.train")
@@ -206,9 +206,10 @@ def train(
     """Train `model` for `cfg.steps` optimizer steps of `cfg.batch_size` x `cfg.grad_accum` encoded examples.
 
     Loss: mean token cross-entropy on response tokens (labels != -100) per micro-batch, divided
-    by `grad_accum`, plus the method's `extra_loss`. A micro-batch runs as at most `cfg.length_groups`
-    right-padded groups of similar length, with logits only at target positions (`experiments.batching`: the
-    same loss). Resumes from the newest checkpoint in `ctx.run_dir` when one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    by `grad_accum`, plus the method's `extra_loss` (once per micro-batch, given its last group). A micro-batch
+    runs as at most `cfg.length_groups` right-padded groups of similar length, with logits only at target
+    positions (`experiments.batching`: the same loss). Resumes from the newest checkpoint in `ctx.run_dir` when
+    one exists. Raises `Preempted` after saving a checkpoint on a signal.
     `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
     if cfg.batch_size is None or cfg.grad_accum is None:
@@ -261,8 +262,15 @@ def train(
             step_loss = 0.0
             for _ in range(grad_accum):
                 micro = method.mix_batches([examples[i] for i in stream.take(batch_size)], ctx)
-                groups = [{k: v.to(ctx.device) for k, v in g.items()} for g in sft_batches(micro, pad_id, cfg.length_groups)]
-                targets = sum(target_count(g) for g in groups)
+                groups, targets = [], 0
+                for group in sft_batches(micro, pad_id, cfg.length_groups):
+                    count = target_count(group)
+                    if count:  # examples without response tokens add nothing to the loss
+                        groups.append({k: v.to(ctx.device) for k, v in group.items()})
+                        targets += count
+                if not groups:
+                    raise ValueError(f"train(): step {step}: none of the micro-batch's {len(micro)} examples has a "
+                                     "response token to train on (labels all -100)")
                 for g_index, batch in enumerate(groups):  # one forward and backward per length group
                     with torch.autocast(ctx.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                         loss = sft_loss_sum(model, batch) / targets

@@ -131,3 +131,21 @@ def test_training_in_length_groups_follows_one_padded_batch(tiny_backbone_dir, t
     assert runs[3].tokens_seen == runs[1].tokens_seen
     assert runs[3].losses[0] == pytest.approx(runs[1].losses[0], rel=1e-6)
     assert runs[3].losses == pytest.approx(runs[1].losses, rel=1e-4)
+
+
+def test_examples_without_targets_add_nothing_and_a_batch_of_only_those_is_refused(tiny_backbone_dir, tmp_path):
+    """Examples whose labels are all -100 (nothing to predict) change neither the loss nor the gradients: a run
+    with them mixed in follows the run without them step for step; a micro-batch of only such examples is refused."""
+    runs = {}
+    for mixed in (False, True):
+        model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path / f"mixed{mixed}")
+        if mixed:  # every second example also comes as a prompt-only copy, so groups of only those occur
+            examples = [e for ex in examples for e in (ex, {"input_ids": ex["input_ids"][:5], "labels": [-100] * 5})]
+        cfg = train_config(steps=1, lr=5e-3, batch_size=len(examples), grad_accum=1, checkpoint_every=100,
+                           progress=False, length_groups=3)
+        runs[mixed] = train(model, method, examples, ctx, cfg)
+    assert runs[True].losses[0] == pytest.approx(runs[False].losses[0], rel=1e-6)
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path / "none")
+    empty = [{"input_ids": e["input_ids"], "labels": [-100] * len(e["input_ids"])} for e in examples]
+    with pytest.raises(ValueError, match="has a response token to train on"):
+        train(model, method, empty, ctx, train_config(steps=1, lr=5e-3, batch_size=4, grad_accum=1, progress=False))
