@@ -26,6 +26,7 @@ is reported. Every method starts each round from the same data position, so all 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import statistics
@@ -37,7 +38,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from bench.common import REPO, command_line, common_parser, environment, summary, table, write_json
+from bench.common import REPO, command_line, environment, summary, table, write_json
 
 SCRIPT = "throughput"
 DEFAULT_METHODS = ("fullft", "lora", "atlas", "olora", "replay", "ewc", "lwf", "corda", "inflora", "dora", "pissa",
@@ -161,8 +162,12 @@ class FrozenFloor:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = common_parser(__doc__.splitlines()[0], "micro", repeats=3, warmup=1)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbone", default="micro", help="conf/backbone/<name> (default micro)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported; default 3)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--out", default=None, help="result JSON (default: bench/results/throughput.json)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated conf/method names")
     ap.add_argument("--groups", default="3,1", help="comma-separated train.length_groups values (default 3,1)")
     ap.add_argument("--steps", type=int, default=10, help="training steps per method and round (default 10)")
@@ -170,14 +175,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--floor", action="store_true",
                     help="also time `frozen`: the frozen backbone through the loop's batching, the floor of any method")
     args = ap.parse_args(argv)
-    rounds = args.repeats
+    for key, least in (("repeats", 1), ("steps", 1), ("warmup", 0)):
+        if getattr(args, key) < least:
+            raise SystemExit(f"error: --{key} {getattr(args, key)}: must be >= {least}")
     try:
         group_counts = [int(x) for x in args.groups.split(",") if x]
     except ValueError:
         raise SystemExit(f"error: --groups {args.groups!r}: comma-separated integers >= 1") from None
     if not group_counts or min(group_counts) < 1:
         raise SystemExit(f"error: --groups {args.groups!r}: comma-separated integers >= 1")
-    if not has_length_groups():  # code from before length groups: its one groups is one padded batch
+    if not has_length_groups():  # code from before length groups: one right-padded batch per micro-batch
         group_counts = [None]
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -187,8 +194,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         raise SystemExit(f"error: --methods: {unknown} not in conf/method")
 
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(torch.device("cpu")),
-               "backbone": args.backbone, "steps_per_round": args.steps, "rounds": rounds, "complete": False}
-    scratch = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+               "backbone": args.backbone, "steps_per_round": args.steps, "rounds": args.repeats, "complete": False}
+    with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:  # run folders and their checkpoints
+        payload = _measure(args, methods, group_counts, Path(tmp), payload)
+    write_json(args.out, SCRIPT, payload)
+    return payload
+
+
+def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, scratch: Path, payload: dict) -> dict:
+    """Prepare every variant, time the interleaved rounds, and return `payload` with the results."""
+    rounds = args.repeats
     variants: dict[str, object] = {}
     prepare_s = {}
     for m in methods:
@@ -237,7 +252,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     payload.update(results=results, complete=True)
     print(f"\n{args.backbone}: training loop, {args.steps} steps per round, median of {rounds} rounds")
     print(table(["method", "groups", "tokens/round", "ms/step", "IQR", "tokens/s", "of plain"], rows) + "\n", flush=True)
-    write_json(args.out, SCRIPT, payload)
     return payload
 
 

@@ -47,3 +47,5 @@ def test_bad_groups_are_refused_before_any_work():
         throughput.main(["--groups", "0"])
     with pytest.raises(SystemExit, match="not in conf/method"):
         throughput.main(["--methods", "nosuch"])
+    with pytest.raises(SystemExit, match="--steps 0: must be >= 1"):
+        throughput.main(["--steps", "0"])
