@@ -145,15 +145,14 @@ class FrozenFloor:
         self.examples, self.batch_size, self.pad_id, self.seed, self.stream_cls = examples, batch_size, pad_id, seed, DataStream
 
     def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
-        from experiments.batching import sft_batches, sft_loss_sum, target_count
+        from experiments.batching import sft_loss_sum, target_groups
 
         stream = self.stream_cls(len(self.examples), self.seed)
         tokens, seconds = 0, 0.0
         for _ in range(steps):
             micro = [self.examples[i] for i in stream.take(self.batch_size)]
             t0 = time.perf_counter()
-            batches = sft_batches(micro, self.pad_id, groups)
-            targets = sum(target_count(b) for b in batches)
+            batches, targets = target_groups(micro, self.pad_id, groups, torch.device("cpu"))
             for b in batches:
                 (sft_loss_sum(self.model, b) / targets).backward()
                 tokens += int(b["attention_mask"].sum())

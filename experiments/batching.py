@@ -63,6 +63,19 @@ def sft_batches(examples: Sequence[dict[str, list[int]]], pad_id: int, max_group
     return [collate([examples[i] for i in group], pad_id) for group in groups]
 
 
+def target_groups(examples: Sequence[dict[str, list[int]]], pad_id: int, max_groups: int,
+                  device: torch.device) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """(`sft_batches` groups that hold targets, on `device`; their target count). A group of examples without
+    response tokens adds nothing to the loss and is left out; none left gives ([], 0)."""
+    groups, targets = [], 0
+    for group in sft_batches(examples, pad_id, max_groups):
+        count = target_count(group)
+        if count:
+            groups.append({k: v.to(device) for k, v in group.items()})
+            targets += count
+    return groups, targets
+
+
 def target_count(batch: dict[str, torch.Tensor]) -> int:
     """How many next-token targets (labels != -100 after the first position) a batch holds."""
     return int((batch["labels"][:, 1:] != IGNORE).sum())

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from experiments.batching import sft_batches, sft_loss_sum, target_count
+from experiments.batching import sft_loss_sum, target_groups
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
@@ -262,12 +262,7 @@ def train(
             step_loss = 0.0
             for _ in range(grad_accum):
                 micro = method.mix_batches([examples[i] for i in stream.take(batch_size)], ctx)
-                groups, targets = [], 0
-                for group in sft_batches(micro, pad_id, cfg.length_groups):
-                    count = target_count(group)
-                    if count:  # examples without response tokens add nothing to the loss
-                        groups.append({k: v.to(ctx.device) for k, v in group.items()})
-                        targets += count
+                groups, targets = target_groups(micro, pad_id, cfg.length_groups, ctx.device)
                 if not groups:
                     raise ValueError(f"train(): step {step}: none of the micro-batch's {len(micro)} examples has a "
                                      "response token to train on (labels all -100)")
