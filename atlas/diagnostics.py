@@ -52,6 +52,8 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
     """Per token of `x` (n, d): log delta, gate, filter pass share and the residual's relative norm."""
     site.clear()
     gate, weights, z, kstar = site.condition(x)
+    if kstar is None:  # conditioning 0 computes no assignment; the filter's pass share still reads k*
+        kstar = site.nearest(x)
     delta = site.distances(x).min(1).values
     xf = x.float()
     energy = xf.square().sum(1).clamp_min(1e-30)

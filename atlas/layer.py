@@ -45,8 +45,9 @@ class AtlasSite(nn.Module):
 
     `condition(x)` returns the gate g(x) (n, 1), the assignment weights (n, K) — the one-hot of k*
     (in x's dtype) for hard assignment, softmax(-delta_k / tau) for soft — the weighted filter coordinates
-    z = (w_k U_k^T x)_k flattened center-major to (n, K R), and k* (n,).
-    The result for the most recent input tensor is reused (q/k/v and gate/up read the same tensor).
+    z = (w_k U_k^T x)_k flattened center-major to (n, K R), and k* (n,); at conditioning 0 or with gate and
+    filter off all four are None (plain LoRA: not even k* is computed). The result for the most recent input tensor is reused (q/k/v and
+    gate/up read the same tensor).
     """
 
     def __init__(self, site: SiteAtlas, assign: str = "hard", gate_temperature: float = 1.0,
@@ -86,11 +87,13 @@ class AtlasSite(nn.Module):
     def condition(self, x: torch.Tensor):
         if self._last is not None and self._last[0]() is x:
             return self._last[1]
+        if self.conditioning == 0.0 or not (self.use_gate or self.use_filter):  # plain LoRA: not even k* is needed
+            return None, None, None, None
         flat = x.reshape(-1, x.shape[-1])
         n, k = flat.shape[0], self.centers.shape[0]
         lam = self.conditioning
-        soft = self.assign == "soft" and lam != 0.0 and self.use_filter
-        distance_gate = lam != 0.0 and self.use_gate and self.gate_signal == "distance"
+        soft = self.assign == "soft" and self.use_filter
+        distance_gate = self.use_gate and self.gate_signal == "distance"
         if soft:  # every delta_k is needed, exactly
             delta_k = self.distances(flat)
             delta, kstar = delta_k.min(1)
@@ -101,11 +104,11 @@ class AtlasSite(nn.Module):
                 delta = diff.square().sum(1) * self.inv_sigma2[kstar]
         gate = weights = z = None
         coords = onehot = None
-        if lam != 0.0 and (self.use_filter or (self.use_gate and self.gate_signal == "subspace")):
+        if self.use_filter or (self.use_gate and self.gate_signal == "subspace"):
             coords = (flat @ self.filter_cols.to(flat.dtype)).view(n, k, -1)  # (n, K, R): U_k^T x for every k
             onehot = (kstar.unsqueeze(1) == self.center_ids).to(flat.dtype)  # (n, K)
             kept = coords * onehot.unsqueeze(2)  # U_k*^T x in block k*, zeros elsewhere
-        if lam != 0.0 and self.use_gate:
+        if self.use_gate:
             if self.gate_signal == "subspace":  # the share of x's energy outside its nearest center's filter
                 energy = flat.float().square().sum(1)
                 signal = (energy - kept.view(n, -1).float().square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
@@ -117,7 +120,7 @@ class AtlasSite(nn.Module):
             gate = torch.sigmoid(logit).unsqueeze(1)
             if lam != 1.0:  # the conditioning knob: 1 - lam + lam g, from no gate (0) to the full gate (1)
                 gate = torch.lerp(torch.ones_like(gate), gate, lam)
-        if lam != 0.0 and self.use_filter:
+        if self.use_filter:
             if soft:
                 weights = torch.softmax(-delta_k / self.assign_temperature, dim=1)
                 z = (coords * weights.unsqueeze(2).to(coords.dtype)).view(n, -1)

@@ -78,3 +78,17 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
     assert all(f"{name} alone" in out for name in report["by_domain"])
     (tmp_path / "record.json").write_text(json.dumps({**record, "diagnostics": None}))
     assert inspect_main([str(tmp_path)]) == 2
+
+
+def test_site_report_at_conditioning_zero_still_reads_the_filter():
+    """At conditioning 0 the layer computes no assignment at all; the report's filter figures still use k*."""
+    retained = torch.tensor([[0.5, 0.0, 0.0], [10.0, 0.5, 0.0]])
+    target = torch.tensor([[0.0, 3.0, 0.0], [10.0, 0.0, 4.0]])
+    reports = {}
+    for c in (1.0, 0.0):
+        site = AtlasSite(hand_site(), conditioning=c)
+        reports[c] = site_report(site, [AtlasLinear(torch.nn.Linear(3, 2), site, rank=1, alpha=1.0)], retained,
+                                 target, filter_rank=1)
+    for key in ("filter_pass_retained", "filter_pass_target", "auroc_filter", "auroc_delta"):
+        assert reports[0.0][key] == pytest.approx(reports[1.0][key])
+    assert reports[0.0]["gate_target"] == 1.0 and reports[0.0]["auroc_gate"] == 0.5
