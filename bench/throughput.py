@@ -2,6 +2,7 @@
 
     python -m bench.throughput                              # micro, every method, 3 length groups and 1
     python -m bench.throughput --methods lora,atlas --groups 1,2,3,4 --repeats 5
+    python -m bench.throughput --methods lora,atlas --groups 3 --atlas-parts --floor   # where ATLAS's step goes
 
 Each method is what `python run.py method=<name>` trains: its config (conf/method/<name>.yaml), the backbone and
 benchmark of `--backbone`, prepared by `experiments.job.Job.load_and_prepare` (an atlas, a Fisher, a replay pool,
@@ -17,6 +18,12 @@ hardware gives a dense batch of this model, with nothing a suite adds.
 
 `frozen` (`--floor`): the frozen backbone through the loop's batching, forward and backward to the input
 embeddings, no adapter, no optimizer: the floor under any method's step on these batches.
+
+`--atlas-parts` adds two variants of `method=atlas` that take its step apart: `conditioning=0` (the same layer and
+factors with neither gate nor filter computed: what the residual costs by itself) and the full method with no
+gradient through the conditioning (`DetachedConditioningSite`: the same forward, the gate and the filter
+coordinates treated as constants in the backward). atlas - detached = the backward through the conditioning;
+detached - conditioning=0 = its forward and the residual's use of it.
 
 Layouts: `--groups` values of `train.length_groups` (`experiments.batching`: a micro-batch as at most that many
 right-padded groups of similar length; 1 = one right-padded batch). Every timed round runs `--steps` steps of
@@ -38,6 +45,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from atlas.layer import AtlasSite
 from bench.common import REPO, command_line, environment, summary, table, write_json
 
 SCRIPT = "throughput"
@@ -64,7 +72,8 @@ def has_length_groups() -> bool:
 class LoopVariant:
     """One method prepared as `run.py` prepares it, timed through `experiments.train.train`."""
 
-    def __init__(self, method_name: str, backbone: str, overrides: Sequence[str], scratch: Path) -> None:
+    def __init__(self, method_name: str, backbone: str, overrides: Sequence[str], scratch: Path,
+                 label: Optional[str] = None) -> None:
         from omegaconf import OmegaConf
 
         from experiments import records
@@ -77,7 +86,7 @@ class LoopVariant:
         run_id = records.run_id_of(OmegaConf.to_container(typed, resolve=True))
         method = build_method(typed.method)
         benchmark = build_benchmark(typed.benchmark)
-        self.name, self.scratch, self.backbone_cfg = method_name, scratch, typed.backbone
+        self.name, self.scratch, self.backbone_cfg = label or method_name, scratch, typed.backbone
         job = Job(typed, run_id, scratch / run_id, method, benchmark, logger=None, base_record={},
                   started=datetime.now(timezone.utc))
         t0 = time.perf_counter()
@@ -98,6 +107,29 @@ class LoopVariant:
         self.ctx.run_dir = self.scratch / f"{self.name}-{self.calls}"
         result = train(self.model, self.method, self.examples, self.ctx, cfg)
         return result.tokens_seen, result.train_seconds
+
+
+class DetachedConditioningSite(AtlasSite):
+    """`atlas.layer.AtlasSite` whose conditioning (k*, gate, z) is computed without autograd: the same forward, but
+    no gradient flows back through the gate and the filter coordinates to the site's input. A measurement device for
+    what that backward costs (`--atlas-parts`), not a method: the trained method keeps the gradient."""
+
+    def condition(self, x: torch.Tensor):
+        with torch.no_grad():
+            return super().condition(x)
+
+
+def detach_conditioning(model: torch.nn.Module) -> int:
+    """Switch every `AtlasSite` of `model` to `DetachedConditioningSite` in place; returns how many."""
+    sites = [m for m in model.modules() if type(m) is AtlasSite]
+    for m in sites:
+        m.__class__ = DetachedConditioningSite
+    return len(sites)
+
+
+#: `--atlas-parts`: ATLAS's step taken apart, each a variant of `method=atlas` (label -> overrides, detached)
+ATLAS_PARTS = {"atlas, conditioning=0": (["method.conditioning=0"], False),
+               "atlas, no gradient through the conditioning": ([], True)}
 
 
 class PlainFullFT:
@@ -173,6 +205,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for every method (repeatable)")
     ap.add_argument("--floor", action="store_true",
                     help="also time `frozen`: the frozen backbone through the loop's batching, the floor of any method")
+    ap.add_argument("--atlas-parts", action="store_true",
+                    help="also time ATLAS at conditioning=0 (its layer without the conditioning) and with no gradient "
+                         "through the conditioning: where ATLAS's step goes beyond LoRA's")
     args = ap.parse_args(argv)
     for key, least in (("repeats", 1), ("steps", 1), ("warmup", 0)):
         if getattr(args, key) < least:
@@ -209,6 +244,12 @@ def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, s
         print(f"[prepare] {m}", flush=True)
         variants[m] = LoopVariant(m, args.backbone, args.override, scratch)
         prepare_s[m] = variants[m].prepare_s
+    for label, (overrides, detached) in (ATLAS_PARTS.items() if args.atlas_parts else ()):
+        print(f"[prepare] {label}", flush=True)
+        variants[label] = LoopVariant("atlas", args.backbone, [*args.override, *overrides], scratch, label=label)
+        prepare_s[label] = variants[label].prepare_s
+        if detached:
+            detach_conditioning(variants[label].model)
     from experiments.backbones import load_backbone
 
     first = next(iter(variants.values()))

@@ -49,3 +49,46 @@ def test_bad_groups_are_refused_before_any_work():
         throughput.main(["--methods", "nosuch"])
     with pytest.raises(SystemExit, match="--steps 0: must be >= 1"):
         throughput.main(["--steps", "0"])
+
+
+def test_atlas_parts_are_timed_through_the_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "throughput.json"
+    throughput.main(["--methods", "lora", "--groups", "3", "--steps", "1", "--repeats", "1", "--warmup", "0",
+                     "--atlas-parts", "--out", str(out)])
+    rows = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"plain", "lora", *throughput.ATLAS_PARTS}
+    assert len({r["tokens"] for name, r in rows.items() if name != "plain"}) == 1  # the same batches
+
+
+def test_detached_conditioning_has_the_same_forward_and_no_gradient_through_the_conditioning():
+    from atlas.atlas import build_site_atlas
+    from atlas.layer import AtlasLinear, AtlasSite
+
+    g = torch.Generator().manual_seed(0)
+    site = build_site_atlas(torch.randn(300, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0, gate_signal="subspace")
+    torch.manual_seed(1)
+    layer = AtlasLinear(torch.nn.Linear(12, 5), AtlasSite(site, gate_signal="subspace"), rank=2, alpha=4)
+    torch.nn.init.normal_(layer.lora_B)
+    x = (torch.randn(7, 12, generator=g) * 2 + 3).requires_grad_(True)
+    full = layer(x)
+    (full.sum()).backward()
+    grad_full = x.grad.clone()
+    x.grad = None
+    layer.site.clear()  # the site keeps its last input's conditioning
+    with torch.no_grad():  # the conditioning as constants: g(x) and z of this x
+        gate, _, z, _ = layer.site.condition(x)
+    layer.site.clear()
+    au = layer.lora_A @ layer.site.filter_cols
+    expected = layer.base(x) + ((x @ layer.lora_A.T - z @ au.T) * gate) @ layer.lora_B.T * layer.scaling
+    expected.sum().backward()
+    grad_constants = x.grad.clone()
+    x.grad = None
+    layer.site.clear()
+    assert throughput.detach_conditioning(torch.nn.Sequential(layer)) == 1
+    assert isinstance(layer.site, throughput.DetachedConditioningSite)
+    detached = layer(x)
+    detached.sum().backward()
+    torch.testing.assert_close(detached, full)
+    torch.testing.assert_close(x.grad, grad_constants)
+    assert not torch.allclose(grad_full, grad_constants, rtol=1e-3, atol=1e-5)  # the conditioning's gradient is real
