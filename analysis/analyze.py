@@ -20,9 +20,10 @@ class Analysis:
     primary: int                     # index into levels used by single-level tables and figures
     interpolate: bool
     confidence: float
+    reference: MT.Reference          # the sweep point `gain:` levels are shares of
     domains: list[str]
     groups: list[tuple[str, str]]    # (backbone, benchmark), sorted
-    thresholds: pd.DataFrame         # backbone, benchmark, level, level_spec, threshold, gain_lo, gain_hi
+    thresholds: pd.DataFrame         # backbone, benchmark, level, level_spec, threshold, gain_lo, gain_hi, reference
     points: pd.DataFrame             # sweep points of every domain ("mean" and each retained domain)
     matched_seed: pd.DataFrame       # per seed, KL averaged over domains, every level, trained methods
     matched: pd.DataFrame            # its summary over seeds
@@ -64,11 +65,13 @@ def analyze(
     primary: Optional[int] = None,
     interpolate: bool = False,
     confidence: float = 0.95,
+    reference: str | MT.Reference = MT.DEFAULT_REFERENCE,
 ) -> Analysis:
-    """Sweep points and frontiers of every domain, the matched-requirement values at every level, the
-    paired comparisons, the per-domain and answer-level values at the primary level (default: the
-    middle level)."""
+    """Sweep points and frontiers of every domain, the matched-requirement values at every level (`gain:` levels
+    as shares of `reference`'s gain, `analysis.matched`), the paired comparisons, the per-domain and answer-level
+    values at the primary level (default: the middle level)."""
     lv = [x if isinstance(x, MT.Level) else MT.parse_level(x) for x in levels]
+    ref = MT.parse_reference(reference)
     if not lv:
         raise ValueError("no requirement levels given")
     primary = len(lv) // 2 if primary is None else primary
@@ -83,13 +86,15 @@ def analyze(
     groups = sorted({(b, c) for b, c in zip(runs["backbone"], runs["benchmark"])}) if len(runs) else []
 
     trows = []
+    gains = any(level.kind == "gain" for level in lv)
     for bb, bench in groups:
-        lo, hi = MT.gain_range(runs, bb, bench)
+        lo, hi = MT.gain_range(runs, bb, bench, ref) if gains else (float("nan"), float("nan"))
         for level in lv:
             trows.append({"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
-                          "threshold": MT.threshold(level, runs, bb, bench), "gain_lo": lo, "gain_hi": hi})
+                          "threshold": MT.threshold(level, runs, bb, bench, ref), "gain_lo": lo, "gain_hi": hi,
+                          "reference": ref.spec if gains else ""})
     thresholds = pd.DataFrame(trows, columns=["backbone", "benchmark", "level", "level_spec", "threshold",
-                                              "gain_lo", "gain_hi"])
+                                              "gain_lo", "gain_hi", "reference"])
 
     frames = []
     for dom in ["mean", *doms]:
@@ -99,13 +104,13 @@ def analyze(
     points = pd.concat(frames, ignore_index=True)
 
     trained = [m for m in M.ordered(runs["method"]) if m != M.BASE] if len(runs) else []
-    mseed = MT.per_seed_matched(runs, lv, schema.KL_MEAN_COL, interpolate, trained)
+    mseed = MT.per_seed_matched(runs, lv, schema.KL_MEAN_COL, interpolate, trained, ref)
     msum = MT.summarize_matched(mseed, confidence)
     paired = MT.compare(mseed, M.REFERENCE, None, confidence)
 
     dseeds, dsums = [], []
     for dom in doms:
-        ds = MT.per_seed_matched(runs, [lv[primary]], pareto.kl_column(dom), interpolate, trained)
+        ds = MT.per_seed_matched(runs, [lv[primary]], pareto.kl_column(dom), interpolate, trained, ref)
         dsum = MT.summarize_matched(ds, confidence)
         ds.insert(0, "domain", dom)
         dsum.insert(0, "domain", dom)
@@ -116,15 +121,16 @@ def analyze(
                       else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
 
     acols = answer_columns(runs)
-    answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols])
-    return Analysis(runs, lv, primary, interpolate, confidence, doms, groups, thresholds, points, mseed, msum,
+    answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
+    return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
                     paired, domain_seed, domain_matched, answers, acols)
 
 
-def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str]) -> pd.DataFrame:
+def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],
+             reference: MT.Reference) -> pd.DataFrame:
     """Per seed: the answer-level metrics of the sweep point the matched requirement picks at `level`
     (least mean KL among points meeting it, without interpolation: the values come from real runs)."""
-    chosen = MT.per_seed_matched(runs, [level], schema.KL_MEAN_COL, False, trained)
+    chosen = MT.per_seed_matched(runs, [level], schema.KL_MEAN_COL, False, trained, reference)
     if not cols:
         return chosen
     vals = runs.groupby(["sweep_key", "seed"], sort=True)[cols].mean().reset_index()

@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   python -m analysis collect runs --wandb my-team/atlas --out results.csv
   python -m analysis report runs --out report
   python -m analysis report runs --out report --levels 0.3 0.4 gain:0.9 --interpolate
+  python -m analysis report runs --out report --reference lora:train.steps=600   # the point gain levels share
   python -m analysis report runs --out report --check      # re-run and compare with the committed report
 """
 
@@ -35,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="report", metavar="FOLDER", help="report folder (default: report)")
     r.add_argument("--levels", nargs="+", default=list(MT.DEFAULT_LEVELS), metavar="LEVEL",
                    help="coding requirement levels: a pass@1 value (0.3) or a share of the coding gain over the "
-                        "base model (gain:0.75); default: %(default)s")
+                        "base model of the --reference point (gain:0.75); default: %(default)s")
+    r.add_argument("--reference", default=MT.DEFAULT_REFERENCE, metavar="METHOD[:KNOB=VALUE,...]",
+                   help="the sweep point (scale 1) whose coding gain over the base model gain: levels are shares of, "
+                        "e.g. lora:train.steps=600 (default: %(default)s; must match exactly one point)")
     r.add_argument("--primary", type=int, default=None, metavar="I",
                    help="index of the level used by single-level tables and figures (default: the middle one)")
     r.add_argument("--interpolate", action="store_true",
@@ -98,9 +102,10 @@ def _report(args, api) -> int:
     from analysis.report import check_report, default_command, write_report
 
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
-    command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb)
+    reference = MT.parse_reference(args.reference).spec
+    command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference)
     kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
-                  api=api, command=command, progress=not args.no_progress)
+                  api=api, command=command, progress=not args.no_progress, reference=reference)
     if args.check:
         diffs = check_report(args.dirs, args.out, **kwargs)
         if diffs:

@@ -8,10 +8,12 @@ best pass@1; the frontier's lowest KL below its least pass@1). Then, over seeds:
 deviation and a 95% t-interval of the seeds that reach c, and a paired comparison of ATLAS
 against each other method over the seeds where both reach c.
 
-Levels are absolute (`0.3`: pass@1 >= 0.3) or relative to the coding gain on a backbone
-(`gain:0.75`: pass@1 >= lo + 0.75 (hi - lo), with lo the base model's mean pass@1 on that
-backbone and benchmark, 0 without base runs, and hi the best sweep-point mean pass@1 of any
-trained method there).
+Levels are absolute (`0.3`: pass@1 >= 0.3) or relative to the coding gain of a named reference sweep point
+on a backbone (`gain:0.75`: pass@1 >= lo + 0.75 (hi - lo), with lo the base model's mean pass@1 on that backbone
+and benchmark, 0 without base runs, and hi the reference point's mean pass@1 over its seeds). The reference is
+`METHOD[:KNOB=VALUE,...]` (default `lora`): that method's sweep point at scale 1 with those knob values, which
+must be exactly one point. It depends on nothing else in the table, so adding or removing a method never moves a
+level.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from analysis.pareto import frontier_mask, per_seed
 from analysis.stats import paired, summarize
 
 DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
+DEFAULT_REFERENCE = "lora"
 TOL = 1e-9   # pass@1 within this of the level counts as meeting it (float noise in level arithmetic)
 
 
@@ -59,8 +62,8 @@ def parse_level(spec: str) -> Level:
         value = float(number)
     except ValueError:
         raise ValueError(f"level {spec!r}: {number!r} is not a number") from None
-    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"level {spec!r}: {value} is outside [0, 1]")
+    if not math.isfinite(value) or value < 0.0 or (kind == "abs" and value > 1.0):
+        raise ValueError(f"level {spec!r}: {value} is outside " + ("[0, 1]" if kind == "abs" else "[0, inf)"))
     return Level(text, kind, value)
 
 
@@ -81,25 +84,101 @@ def parse_levels(specs: Sequence[str]) -> list[Level]:
     return out
 
 
-def gain_range(df: pd.DataFrame, backbone: str, benchmark: str) -> tuple[float, float]:
-    """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (0 without base runs)
-    and the best sweep-point mean of any trained method (lo when there is none)."""
+@dataclass(frozen=True)
+class Reference:
+    """The sweep point whose gain over the base model `gain:` levels are shares of: a method and knob values."""
+
+    spec: str                           # as given: "lora" or "lora:train.steps=600"
+    method: str
+    knobs: tuple[tuple[str, str], ...]  # (knob name as in the records without the `knob/` prefix, value text)
+
+    @property
+    def label(self) -> str:
+        shown = M.label(self.method) if self.method in M.LABELS else self.method
+        return shown + (f" ({', '.join(f'{k}={v}' for k, v in self.knobs)})" if self.knobs else "")
+
+
+def parse_reference(spec: "str | Reference") -> Reference:
+    """`lora` or `lora:train.steps=600,rank=8` (knob names as in the records' knob columns)."""
+    if isinstance(spec, Reference):
+        return spec
+    text = str(spec).strip()
+    method, _, rest = text.partition(":")
+    if not method.strip():
+        raise ValueError(f"reference {spec!r}: give METHOD or METHOD:KNOB=VALUE,... (e.g. lora:train.steps=600)")
+    knobs = []
+    for part in rest.split(",") if rest.strip() else []:
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"reference {spec!r}: {part!r} is not KNOB=VALUE")
+        knobs.append((key.strip(), value.strip()))
+    return Reference(text, method.strip(), tuple(knobs))
+
+
+def _same(cell, text: str) -> bool:
+    try:
+        return float(cell) == float(text)
+    except (TypeError, ValueError):
+        return str(cell) == text
+
+
+def _points_text(g: pd.DataFrame) -> str:
+    """The sweep points of `g` by the knobs that differ between them."""
+    knob_cols = [c for c in g.columns if c.startswith(schema.KNOB_PREFIX)]
+    first = g.drop_duplicates("sweep_key")
+    varying = [c for c in knob_cols if first[c].astype(str).nunique() > 1]
+    if not varying:
+        return f"{len(first)} point(s)"
+    return "; ".join(sorted(", ".join(f"{c[len(schema.KNOB_PREFIX):]}={r[c]}" for c in varying)
+                            for _, r in first.iterrows()))
+
+
+def reference_point(df: pd.DataFrame, backbone: str, benchmark: str, reference: "str | Reference") -> str:
+    """The sweep key of the reference point on one backbone and benchmark (scale 1). ValueError, naming the
+    candidates, when no point or several points match."""
+    ref = parse_reference(reference)
+    g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark) & (df["method"] == ref.method)]
+    where = f"on {backbone}/{benchmark}"
+    if g.empty:
+        raise ValueError(f"reference {ref.spec!r}: no complete {ref.method} runs {where}; gain levels are shares of "
+                         "its gain over the base model (name another point with --reference, or use absolute levels)")
+    g = g[g[schema.SCALE_COL] == 1.0]
+    pick = g
+    for key, value in ref.knobs:
+        col = schema.KNOB_PREFIX + key
+        if col not in pick.columns:
+            known = sorted(c[len(schema.KNOB_PREFIX):] for c in g.columns if c.startswith(schema.KNOB_PREFIX))
+            raise ValueError(f"reference {ref.spec!r}: no knob {key!r} in the records; knobs: {known}")
+        pick = pick[[_same(c, value) for c in pick[col]]]
+    keys = sorted(pick["sweep_key"].unique())
+    if len(keys) == 1:
+        return keys[0]
+    found = "no point" if not keys else f"{len(keys)} points"
+    points = _points_text(g)
+    example = points.split("; ")[0] if "=" in points else "KNOB=VALUE"
+    raise ValueError(f"reference {ref.spec!r}: {found} of {ref.method} at scale 1 {where} match; its points there: "
+                     f"{points}. Name one, e.g. --reference {ref.method}:{example.replace(' ', '')}")
+
+
+def gain_range(df: pd.DataFrame, backbone: str, benchmark: str,
+               reference: "str | Reference" = DEFAULT_REFERENCE) -> tuple[float, float]:
+    """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (0 without base runs) and the
+    reference point's mean over its seeds (not below lo)."""
     g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark)]
     base = g[g["method"] == M.BASE][schema.TARGET_COL]
     lo = float(base.mean()) if len(base) else 0.0
-    trained = g[g["method"] != M.BASE]
-    if trained.empty:
-        return lo, lo
-    seeds = per_seed(trained, [schema.TARGET_COL])
-    hi = float(seeds.groupby("sweep_key")[schema.TARGET_COL].mean().max())
+    key = reference_point(df, backbone, benchmark, reference)
+    seeds = per_seed(g[g["sweep_key"] == key], [schema.TARGET_COL])
+    hi = float(seeds[schema.TARGET_COL].mean())
     return lo, max(lo, hi)
 
 
-def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str) -> float:
+def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str,
+              reference: "str | Reference" = DEFAULT_REFERENCE) -> float:
     """The absolute pass@1 requirement of `level` on one backbone and benchmark."""
     if level.kind == "abs":
         return level.value
-    lo, hi = gain_range(df, backbone, benchmark)
+    lo, hi = gain_range(df, backbone, benchmark, reference)
     return lo + level.value * (hi - lo)
 
 
@@ -123,6 +202,7 @@ def per_seed_matched(
     y_col: str = schema.KL_MEAN_COL,
     interpolate: bool = False,
     methods: Optional[Sequence[str]] = None,
+    reference: "str | Reference" = DEFAULT_REFERENCE,
 ) -> pd.DataFrame:
     """One row per (backbone, benchmark, level, method, seed): `reached`, `kl` (NaN when not reached),
     and the chosen sweep point (`sweep_key`, its `pass@1`; with interpolation the nearest frontier point
@@ -135,7 +215,7 @@ def per_seed_matched(
     for (bb, bench), g in seeds_tab.groupby(["backbone", "benchmark"], sort=True):
         names = M.ordered(g["method"]) if methods is None else [m for m in M.ordered(g["method"]) if m in methods]
         for level in levels:
-            c = threshold(level, df, bb, bench)
+            c = threshold(level, df, bb, bench, reference)
             for method in names:
                 gm = g[g["method"] == method]
                 for seed, gs in gm.groupby("seed", sort=True):

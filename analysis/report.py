@@ -151,11 +151,18 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
                  + f"; primary level (single-level tables and figures): `{a.primary_level.spec}`"
                  + ("; KL interpolated along per-seed frontiers." if a.interpolate else "; no interpolation."))
     lines.append("")
+    if any(lv.kind == "gain" for lv in a.levels):
+        lines.append(f"Gain levels are shares of the coding gain of the reference point `{a.reference.spec}` "
+                     f"({a.reference.label}, scale 1, mean over its seeds) over the base model's mean pass@1; "
+                     "no other method enters a level.")
+        lines.append("")
     if len(a.thresholds):
-        lines += ["| Backbone | Benchmark | Level | pass@1 required |", "|:---|:---|:---|---:|"]
+        lines += ["| Backbone | Benchmark | Level | pass@1 required | base pass@1 | reference pass@1 |",
+                  "|:---|:---|:---|---:|---:|---:|"]
         for _, r in a.thresholds.iterrows():
+            ends = [render.fmt_num(float(r[c]), 4) if pd.notna(r[c]) else "" for c in ("gain_lo", "gain_hi")]
             lines.append(f"| {_md(r['backbone'])} | {_md(r['benchmark'])} | {_md(r['level'])} | "
-                         f"{render.fmt_num(float(r['threshold']), 4)} |")
+                         f"{render.fmt_num(float(r['threshold']), 4)} | {ends[0]} | {ends[1]} |")
         lines.append("")
 
     lines += ["## Tables", "", "| Files | Shows |", "|:---|:---|"]
@@ -205,11 +212,13 @@ def _clean_stale(folder: Path, written: set[Path]) -> None:
 
 
 def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
-                    interpolate: bool, wandb_paths: Sequence[str]) -> str:
+                    interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE) -> str:
     """The command line that regenerates a report with these arguments."""
     import shlex
 
     args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
+    if any(MT.parse_level(lv).kind == "gain" for lv in levels):
+        args += ["--reference", str(reference)]
     if primary is not None:
         args += ["--primary", str(primary)]
     if interpolate:
@@ -229,16 +238,18 @@ def write_report(
     api: Any = None,
     command: Optional[str] = None,
     progress: bool = False,
+    reference: str = MT.DEFAULT_REFERENCE,
 ) -> Report:
     """Collect, analyse and write every table, figure and data file plus `index.md` into `out`."""
     folder = Path(out)
     # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
     owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
-    a = analyze(col.table, MT.parse_levels(levels), primary, interpolate)
+    a = analyze(col.table, MT.parse_levels(levels), primary, interpolate, reference=reference)
     rep = Report(folder, col, a)
     if command is None:
-        command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths)
+        command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
+                                  a.reference.spec)
 
     written: list[Path] = []
     tables = []
@@ -297,7 +308,7 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
     if kwargs.get("command") is None:
         levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
         kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", False),
-                                            kwargs.get("wandb_paths", ()))
+                                            kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:
         write_report(dirs, tmp, **kwargs)

@@ -64,7 +64,8 @@ def _level_notes(a: Analysis, levels: list[Level]) -> list[str]:
         t = a.thresholds[(a.thresholds["backbone"] == bb) & (a.thresholds["benchmark"] == bench)]
         gain = ""
         if any(lv.kind == "gain" for lv in levels) and len(t):
-            gain = (f" (gain from {fmt_num(float(t['gain_lo'].iloc[0]))} to {fmt_num(float(t['gain_hi'].iloc[0]))})")
+            gain = (f" (gain of {a.reference.label} over the base model: from {fmt_num(float(t['gain_lo'].iloc[0]))}"
+                    f" to {fmt_num(float(t['gain_hi'].iloc[0]))})")
         notes.append(f"Levels on {group_label(bb, bench)}{gain}: " + "; ".join(parts) + ".")
     return notes
 

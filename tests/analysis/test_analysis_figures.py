@@ -22,7 +22,7 @@ def rendered():
     # One training run drawn at two post-hoc scales.
     recs += [record("lora", s, p, {"math": kl, "commonsense": kl}, steps=300, scale=0.5)
              for s, (p, kl) in enumerate([(0.27, 0.03), (0.28, 0.032), (0.26, 0.031)])]
-    a = analyze(make_table(schema.to_row(r, str(i)) for i, r in enumerate(recs)))
+    a = analyze(make_table(schema.to_row(r, str(i)) for i, r in enumerate(recs)), reference="lora:train.steps=900")
     with matplotlib.rc_context(RC):
         specs, missing = all_figures(a)
     return a, specs, missing

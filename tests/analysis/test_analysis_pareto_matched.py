@@ -3,13 +3,14 @@ synthetic records with answers worked out by hand."""
 
 import math
 
+import pandas as pd
 import pytest
 from analysis_synth import record, sweep
 
 from analysis import schema
 from analysis.collect import make_table
-from analysis.matched import (compare, gain_range, parse_level, parse_levels, per_seed_matched, summarize_matched,
-                              threshold)
+from analysis.matched import (compare, gain_range, parse_level, parse_levels, parse_reference, per_seed_matched,
+                              summarize_matched, threshold)
 from analysis.pareto import domains, frontier, frontier_mask, sweep_points
 
 T975 = {1: 12.706204736, 2: 4.302652730}
@@ -66,6 +67,7 @@ def test_parse_levels():
     lv = parse_level("gain:0.75")
     assert (lv.kind, lv.value, lv.label) == ("gain", 0.75, "75% of gain")
     assert [x.spec for x in parse_levels(["0.3,0.4", "gain:0.5", "0.3"])] == ["0.3", "0.4", "gain:0.5"]
+    assert parse_level("gain:1.25").value == 1.25  # beyond the reference point's own gain
     for bad in ("foo:0.3", "1.5", "x", "gain:-0.1"):
         with pytest.raises(ValueError):
             parse_level(bad)
@@ -134,16 +136,51 @@ def test_interpolation_along_each_seeds_frontier(sweep_table):
 
 
 def test_gain_levels(sweep_table):
-    lo, hi = gain_range(sweep_table, "micro", "micro")
-    # base mean 0.05; best sweep-point mean: LoRA steps 900, (0.45 + 0.41 + 0.43) / 3 = 0.43
+    ref = "lora:train.steps=900"
+    lo, hi = gain_range(sweep_table, "micro", "micro", ref)
+    # base mean 0.05; the reference point, LoRA at steps 900: (0.45 + 0.41 + 0.43) / 3 = 0.43
     assert (lo, hi) == (pytest.approx(0.05), pytest.approx(0.43))
-    assert threshold(parse_level("gain:0.5"), sweep_table, "micro", "micro") == pytest.approx(0.24)
-    assert threshold(parse_level("0.33"), sweep_table, "micro", "micro") == 0.33
+    assert threshold(parse_level("gain:0.5"), sweep_table, "micro", "micro", ref) == pytest.approx(0.24)
+    assert threshold(parse_level("0.33"), sweep_table, "micro", "micro") == 0.33  # absolute: no reference needed
+    assert threshold(parse_level("gain:1.5"), sweep_table, "micro", "micro", ref) == pytest.approx(0.05 + 1.5 * 0.38)
+    # another point as the reference: ATLAS at steps 300, (0.30 + 0.28 + 0.33) / 3
+    assert gain_range(sweep_table, "micro", "micro", "atlas:train.steps=300")[1] == pytest.approx(0.91 / 3)
     no_base = sweep_table[sweep_table["method"] != "base"]
-    assert gain_range(no_base, "micro", "micro") == (0.0, pytest.approx(0.43))
-    # gain:1 is the best point's own mean: that point meets it despite float rounding.
-    ps = per_seed_matched(no_base, [parse_level("gain:1")], methods=["lora"])
+    assert gain_range(no_base, "micro", "micro", ref) == (0.0, pytest.approx(0.43))
+    # gain:1 is the reference point's own mean: that point meets it despite float rounding.
+    ps = per_seed_matched(no_base, [parse_level("gain:1")], methods=["lora"], reference=ref)
     assert ps["reached"].sum() == 2   # seeds 0 (0.45) and 2 (0.43); seed 1 has 0.41
+
+
+def test_the_reference_point_must_be_exactly_one_point(sweep_table):
+    with pytest.raises(ValueError, match=r"2 points of lora at scale 1 on micro/micro match; its points there: "
+                                         r"train.steps=100; train.steps=900. Name one, e.g. --reference "
+                                         r"lora:train.steps=100"):
+        gain_range(sweep_table, "micro", "micro", "lora")
+    with pytest.raises(ValueError, match="no point of lora"):
+        gain_range(sweep_table, "micro", "micro", "lora:train.steps=300")
+    with pytest.raises(ValueError, match="no knob 'nosuch'"):
+        gain_range(sweep_table, "micro", "micro", "lora:nosuch=1")
+    with pytest.raises(ValueError, match="no complete pissa runs on micro/micro"):
+        gain_range(sweep_table, "micro", "micro", "pissa")
+    assert parse_reference("lora: train.steps = 600 ,rank=8").knobs == (("train.steps", "600"), ("rank", "8"))
+    for bad in ("", ":x=1", "lora:steps", "lora:=1"):
+        with pytest.raises(ValueError):
+            parse_reference(bad)
+
+
+def test_levels_do_not_move_when_methods_are_added_or_removed(sweep_table):
+    """A level is a share of the reference point's gain: a better method joining, or ATLAS leaving, moves nothing."""
+    ref = "lora:train.steps=900"
+    levels = parse_levels(["gain:0.5", "gain:0.75", "gain:0.9", "0.3"])
+    better = table([record("pissa", s, 0.6 + s / 100, {"math": 0.2, "commonsense": 0.2}) for s in range(3)])
+    tables = {"as is": sweep_table, "with a better method": pd.concat([sweep_table, better], ignore_index=True),
+              "without atlas": sweep_table[sweep_table["method"] != "atlas"]}
+    thresholds = {name: [threshold(lv, t, "micro", "micro", ref) for lv in levels] for name, t in tables.items()}
+    assert thresholds["with a better method"] == thresholds["as is"] == thresholds["without atlas"]
+    lora_kl = {name: list(per_seed_matched(t, levels, methods=["lora"], reference=ref)["kl"].fillna(-1))
+               for name, t in tables.items()}
+    assert lora_kl["with a better method"] == lora_kl["as is"] == lora_kl["without atlas"]
 
 
 def test_paired_comparison_over_seeds(sweep_table):

@@ -37,12 +37,15 @@ def _write_runs(root: Path) -> None:
     (root / "fedcba9876543210" / ".hydra").mkdir(parents=True)
 
 
+REFERENCE = "lora:train.steps=900"  # scenario(): LoRA at steps 100, 300 and 900
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("records")
     _write_runs(root)
     out = root / "report"
-    rep = write_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"])
+    rep = write_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"], reference=REFERENCE)
     return root, out, rep
 
 
@@ -59,7 +62,8 @@ def test_report_writes_every_table_figure_and_index(report):
     for f in files:
         if f != "index.md":
             assert f"]({f})" in index, f
-    assert f"python -m analysis report {root} --out {out} --levels gain:0.5 gain:0.75 0.33" in index
+    assert (f"python -m analysis report {root} --out {out} --levels gain:0.5 gain:0.75 0.33 "
+            f"--reference {REFERENCE}") in index
     assert "- Complete runs used: 27" in index
     assert "(failed: 1, interrupted: 1, malformed: 2, no record: 1)" in index
     assert "RuntimeError: CUDA out of memory \\| while training" in index
@@ -67,7 +71,8 @@ def test_report_writes_every_table_figure_and_index(report):
     assert "'metrics.retained.math.kl_token_mean' is string" in index
     assert "unparseable JSON" in index and "fedcba9876543210" in index
     assert "| micro | micro | atlas | 9 | 3 | 0,1,2 |" in index
-    assert "| micro | micro | 75% of gain | 0.3100 |" in index
+    assert "| micro | micro | 75% of gain | 0.3100 | 0.1000 | 0.3800 |" in index
+    assert "Gain levels are shares of the coding gain of the reference point `lora:train.steps=900`" in index
     assert "## Code versions" in index and "| abc | no | 27 |" in index and "code versions (see" not in index
 
 
@@ -77,7 +82,8 @@ def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
         if i % 3 == 0:
             rec["provenance"] |= {"git_sha": "0123456789abcdef", "git_dirty": True}
         write(tmp_path / "runs", rec)
-    index = (write_report([str(tmp_path / "runs")], tmp_path / "report").folder / "index.md").read_text()
+    index = (write_report([str(tmp_path / "runs")], tmp_path / "report", reference=REFERENCE).folder
+             / "index.md").read_text()
     older = sum(1 for i in range(len(records)) if i % 3 == 0)
     assert f"| abc | no | {len(records) - older} |" in index
     assert f"| 0123456789ab | yes | {older} |" in index
@@ -90,7 +96,7 @@ def test_report_tables_hold_the_known_values(report):
     # pass@1 >= 0.33: ATLAS seeds reach at steps 900 only (0.35, 0.36, 0.34): KL 0.050, 0.052, 0.055.
     assert "**0.0523 ± 0.0063** |" in main_md
     assert "| EWC | 3 | 0.0413 ± 0.0038 | not reached (0/3 seeds) | not reached (0/3 seeds) |" in main_md
-    assert "Levels on micro (gain from 0.100 to 0.380)" in main_md
+    assert "Levels on micro (gain of LoRA (train.steps=900) over the base model: from 0.100 to 0.380)" in main_md
     assert r"\toprule" in (out / "tables" / "main.tex").read_text()
     points = (out / "data" / "pareto_points.csv").read_text().splitlines()
     assert points[0].startswith("domain,backbone,benchmark,method,sweep_key")
@@ -112,7 +118,7 @@ def test_report_files_are_deterministic_and_checkable(report):
     # A re-run gives the same bytes for every file: the only differences are the two planted here.
     (out / "tables" / "main.md").write_text("edited\n")
     (out / "figures" / "stale.png").write_bytes(b"old")
-    diffs = check_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"])
+    diffs = check_report([str(root)], out, levels=["gain:0.5", "gain:0.75", "0.33"], reference=REFERENCE)
     assert diffs == [f"only in {out}: figures/stale.png", "differs: tables/main.md"]
 
 
@@ -154,8 +160,15 @@ def test_cli_report_and_check(tmp_path, capsys, monkeypatch):
     (out / "data" / "runs.csv").write_text("edited\n")
     assert main(args + ["--check", "--no-progress"]) == 1
     assert "differs: data/runs.csv" in capsys.readouterr().out
-    assert main(["report", "runs", "--levels", "gain:2"]) == 2
+    assert main(["report", "runs", "--levels", "2"]) == 2
     assert "outside [0, 1]" in capsys.readouterr().err
+    assert main(["report", "runs", "--levels", "gain:-0.5"]) == 2
+    assert "outside [0, inf)" in capsys.readouterr().err
+    # gain levels need the reference point: named in one line, before any table is written
+    assert main(["report", "runs", "--out", "rep2", "--no-progress"]) == 2
+    assert "reference 'lora': no complete lora runs on micro/micro" in capsys.readouterr().err
+    assert main(["report", "runs", "--out", "rep2", "--reference", "lora:steps"]) == 2
+    assert "'steps' is not KNOB=VALUE" in capsys.readouterr().err
 
 
 def test_module_entry_point_imports_nothing_from_the_training_packages(tmp_path):
