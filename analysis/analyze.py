@@ -63,7 +63,7 @@ def analyze(
     runs: pd.DataFrame,
     levels: Sequence[str | MT.Level] = MT.DEFAULT_LEVELS,
     primary: Optional[int] = None,
-    interpolate: bool = False,
+    interpolate: bool = True,
     confidence: float = 0.95,
     reference: str | MT.Reference = MT.DEFAULT_REFERENCE,
 ) -> Analysis:

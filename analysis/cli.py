@@ -12,7 +12,7 @@ EXAMPLES = """examples:
   python -m analysis collect runs multirun/2026-12-01 --out results.parquet
   python -m analysis collect runs --wandb my-team/atlas --out results.csv
   python -m analysis report runs --out report
-  python -m analysis report runs --out report --levels 0.3 0.4 gain:0.9 --interpolate
+  python -m analysis report runs --out report --levels 0.3 0.4 gain:0.9 --no-interpolate
   python -m analysis report runs --out report --reference lora:train.steps=600   # the point gain levels share
   python -m analysis report runs --out report --check      # re-run and compare with the committed report
 """
@@ -42,8 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                         "e.g. lora:train.steps=600 (default: %(default)s; must match exactly one point)")
     r.add_argument("--primary", type=int, default=None, metavar="I",
                    help="index of the level used by single-level tables and figures (default: the middle one)")
-    r.add_argument("--interpolate", action="store_true",
-                   help="interpolate KL linearly along each method's per-seed frontier to the level")
+    r.add_argument("--interpolate", action=argparse.BooleanOptionalAction, default=True,
+                   help="KL where each seed's Pareto front (all its trained points and post-hoc scales) crosses the "
+                        "level, linearly between the front's points (default); --no-interpolate: the least KL among "
+                        "the points that reach the level")
     r.add_argument("--wandb", action="append", default=[], metavar="ENTITY/PROJECT",
                    help="also read the runs of this W&B project (repeatable)")
     r.add_argument("--check", action="store_true",

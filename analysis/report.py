@@ -221,8 +221,8 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
         args += ["--reference", str(reference)]
     if primary is not None:
         args += ["--primary", str(primary)]
-    if interpolate:
-        args.append("--interpolate")
+    if not interpolate:
+        args.append("--no-interpolate")
     for w in wandb_paths:
         args += ["--wandb", w]
     return shlex.join(args)
@@ -233,7 +233,7 @@ def write_report(
     out: str | Path = "report",
     levels: Sequence[str] = MT.DEFAULT_LEVELS,
     primary: Optional[int] = None,
-    interpolate: bool = False,
+    interpolate: bool = True,
     wandb_paths: Sequence[str] = (),
     api: Any = None,
     command: Optional[str] = None,
@@ -307,7 +307,7 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
         return [f"{folder / INDEX} does not exist: nothing to check against"]
     if kwargs.get("command") is None:
         levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
-        kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", False),
+        kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", True),
                                             kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:

@@ -204,3 +204,30 @@ def test_paired_comparison_over_seeds(sweep_table):
     none = cmp.loc[("lora", "0.42")]  # atlas never reaches 0.42
     assert none["n_pairs"] == 0 and math.isnan(none["mean_diff"]) and none["only_method"] == 2
     assert compare(ps[ps["method"] == "lora"], "atlas").empty
+
+
+def test_one_trained_point_with_scales_has_its_scale_curve_as_front():
+    """Post-hoc scales of one trained run are points of the seed's front; the matched KL interpolates along them,
+    and the reference point is the trained run itself (scale 1), not one of its scales."""
+    curve = [(0.25, 0.00, 0.001), (0.5, 0.10, 0.005), (0.75, 0.30, 0.020), (0.9, 0.45, 0.060), (1.0, 0.50, 0.100)]
+    recs = [record("lora", 0, p, {"math": kl, "commonsense": kl}, steps=600, scale=a) for a, p, kl in curve]
+    recs += [record("base", 0, 0.0, {"math": 0.0, "commonsense": 0.0})]
+    t = table(recs)
+    pts = sweep_points(t[t["method"] == "lora"], schema.KL_MEAN_COL)
+    front = frontier(pts)
+    assert list(front["scale"]) == [0.25, 0.5, 0.75, 0.9, 1.0]          # every scale is on the front
+    assert list(front["x_mean"]) == pytest.approx([p for _, p, _ in curve])
+    ps = per_seed_matched(t, parse_levels(["0.4", "gain:0.5", "0.5", "0.55"]), interpolate=True, methods=["lora"])
+    kl = dict(zip(ps["level_spec"], ps["kl"]))
+    assert kl["0.4"] == pytest.approx(0.020 + (0.4 - 0.30) / (0.45 - 0.30) * (0.060 - 0.020))
+    assert kl["gain:0.5"] == pytest.approx(0.005 + (0.25 - 0.10) / (0.30 - 0.10) * (0.020 - 0.005))  # 50% of 0.5
+    assert kl["0.5"] == pytest.approx(0.100)                               # the trained run itself
+    assert math.isnan(kl["0.55"])                                          # above the curve: not reached
+    # without interpolation the same seed is charged the first point at or above the level
+    plain = per_seed_matched(t, parse_levels(["0.4"]), interpolate=False, methods=["lora"])
+    assert float(plain["kl"].iloc[0]) == pytest.approx(0.060)
+    # a scale that beats the trained run on both axes takes its place on the front
+    better = table(recs[:3] + [record("lora", 0, 0.52, {"math": 0.09, "commonsense": 0.09}, steps=600, scale=0.9),
+                               recs[4], recs[5]])
+    front = frontier(sweep_points(better[better["method"] == "lora"], schema.KL_MEAN_COL))
+    assert 1.0 not in list(front["scale"])
