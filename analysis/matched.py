@@ -27,7 +27,7 @@ import pandas as pd
 from analysis import methods as M
 from analysis import schema
 from analysis.pareto import frontier_mask, per_seed
-from analysis.stats import paired, summarize
+from analysis.stats import bootstrap_interval, paired, summarize
 
 DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
 DEFAULT_REFERENCE = "lora"
@@ -239,12 +239,13 @@ def per_seed_matched(
 
 
 SUMMARY_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "method", "n_seeds", "n_reached",
-                "mean", "std", "lo", "hi", "status"]
+                "mean", "std", "lo", "hi", "boot_lo", "boot_hi", "status"]
 
 
 def summarize_matched(per_seed_df: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """Over seeds, per (backbone, benchmark, level, method): how many seeds reach the level, and the mean,
-    std and t-interval of their KL. `status`: reached (all seeds), partial, or not reached (no seed)."""
+    std, t-interval and percentile bootstrap interval (`analysis.stats.bootstrap_interval`) of their KL, over
+    the reaching seeds only. `status`: reached (all seeds), partial, or not reached (no seed)."""
     rows = []
     keys = ["backbone", "benchmark", "level", "level_spec", "threshold", "method"]
     for key, g in per_seed_df.groupby(keys, sort=False):
@@ -252,19 +253,21 @@ def summarize_matched(per_seed_df: pd.DataFrame, confidence: float = 0.95) -> pd
         row = dict(zip(keys, key)) | {"n_seeds": len(g), "n_reached": len(reached)}
         if len(reached):
             s = summarize(reached["kl"], confidence)
-            row |= {"mean": s.mean, "std": s.std, "lo": s.lo, "hi": s.hi}
+            boot = bootstrap_interval(list(reached["kl"]), confidence) or (None, None)
+            row |= {"mean": s.mean, "std": s.std, "lo": s.lo, "hi": s.hi, "boot_lo": boot[0], "boot_hi": boot[1]}
         else:
-            row |= {"mean": None, "std": None, "lo": None, "hi": None}
+            row |= {"mean": None, "std": None, "lo": None, "hi": None, "boot_lo": None, "boot_hi": None}
         row["status"] = "reached" if len(reached) == len(g) else ("partial" if len(reached) else "not reached")
         rows.append(row)
     out = pd.DataFrame(rows, columns=SUMMARY_COLS)
-    for c in ("mean", "std", "lo", "hi"):
+    for c in ("mean", "std", "lo", "hi", "boot_lo", "boot_hi"):
         out[c] = out[c].astype(float)
     return out
 
 
 COMPARE_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "reference", "method", "n_pairs",
-                "mean_diff", "lo", "hi", "t", "p_t", "wins", "losses", "p_sign", "only_reference", "only_method"]
+                "mean_diff", "lo", "hi", "boot_lo", "boot_hi", "t", "p_t", "wins", "losses", "p_sign",
+                "only_reference", "only_method"]
 
 
 def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Optional[Sequence[str]] = None,
@@ -272,7 +275,8 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
     """Paired comparison of `reference` against each other method, per backbone, benchmark and level.
 
     Pairs are the seeds where both reach the level; d = KL(reference) - KL(method), so a negative mean
-    means the reference keeps retained outputs closer to the base. Reported: mean d, its t-interval,
+    means the reference keeps retained outputs closer to the base. Reported: mean d, its t-interval and
+    percentile bootstrap interval,
     the paired t statistic with its two-sided p (n - 1 degrees of freedom), the seeds where the
     reference is lower (wins) or higher (losses), and the exact two-sided sign-test p. Seeds where only
     one of the two reaches the level are counted in `only_reference` / `only_method`.
@@ -290,13 +294,15 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
             both = [s for s in common if ref.at[s, "reached"] and oth.at[s, "reached"]]
             only_ref = sum(1 for s in common if ref.at[s, "reached"] and not oth.at[s, "reached"])
             only_oth = sum(1 for s in common if oth.at[s, "reached"] and not ref.at[s, "reached"])
-            p = paired([ref.at[s, "kl"] for s in both], [oth.at[s, "kl"] for s in both], confidence)
+            a_kl, b_kl = [ref.at[s, "kl"] for s in both], [oth.at[s, "kl"] for s in both]
+            p = paired(a_kl, b_kl, confidence)
+            boot = bootstrap_interval([x - y for x, y in zip(a_kl, b_kl)], confidence) or (None, None)
             rows.append(dict(zip(keys, key)) | {
                 "reference": reference, "method": method, "n_pairs": p.n, "mean_diff": p.mean_diff,
-                "lo": p.lo, "hi": p.hi, "t": p.t, "p_t": p.p_t, "wins": p.wins, "losses": p.losses,
+                "lo": p.lo, "hi": p.hi, "boot_lo": boot[0], "boot_hi": boot[1], "t": p.t, "p_t": p.p_t, "wins": p.wins, "losses": p.losses,
                 "p_sign": p.p_sign, "only_reference": only_ref, "only_method": only_oth,
             })
     out = pd.DataFrame(rows, columns=COMPARE_COLS)
-    for c in ("mean_diff", "lo", "hi", "t", "p_t", "p_sign"):
+    for c in ("mean_diff", "lo", "hi", "boot_lo", "boot_hi", "t", "p_t", "p_sign"):
         out[c] = out[c].astype(float)
     return out

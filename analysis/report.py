@@ -44,8 +44,8 @@ DATA_TEXT = {
     "thresholds.csv": "the absolute pass@1 requirement of every level on every backbone",
     "pareto_points.csv": "sweep points per domain: seeds, mean and 95% interval of pass@1 and KL, on_frontier",
     "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point",
-    "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% interval",
-    "paired.csv": "ATLAS against each method per level: pairs, mean difference, interval, t, p, sign test",
+    "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% t and bootstrap intervals",
+    "paired.csv": "ATLAS against each method per level: pairs, mean difference, t and bootstrap intervals, t, p, sign test",
     "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
     "answers_per_seed.csv": "per seed at the primary level: the chosen point's answer-level metrics",
 }

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from analysis.stats import betainc, paired, sign_test, summarize, t_quantile, t_sf2
+from analysis.stats import betainc, bootstrap_interval, paired, sign_test, summarize, t_quantile, t_sf2
 
 
 @pytest.mark.parametrize("df, q", [(1, 12.706204736), (2, 4.302652730), (3, 3.182446305), (4, 2.776445105),
@@ -72,3 +72,17 @@ def test_sign_test_exact():
     assert sign_test(5, 1) == pytest.approx(2 * (1 + 6) / 64)
     assert sign_test(2, 2) == 1.0
     assert sign_test(0, 0) is None
+
+
+def test_bootstrap_interval_enumerates_small_samples_and_is_deterministic():
+    # (0, 1): the 4 resamples have means 0, 0.5, 0.5, 1; linear quantiles at 2.5% and 97.5% of those
+    assert bootstrap_interval([0.0, 1.0]) == pytest.approx((0.0375, 0.9625))
+    assert bootstrap_interval([0.3]) is None and bootstrap_interval([]) is None
+    three = [0.010, 0.018, 0.026]
+    lo, hi = bootstrap_interval(three)
+    t = summarize(three)
+    assert 0.010 <= lo < 0.018 < hi <= 0.026 and t.lo < lo and hi < t.hi  # inside the range, narrower than t
+    eight = [0.1, 0.4, 0.2, 0.9, 0.5, 0.3, 0.7, 0.6]  # sampled, from a fixed seed
+    assert bootstrap_interval(eight) == bootstrap_interval(eight)
+    assert 0.1 < bootstrap_interval(eight)[0] < sum(eight) / 8 < bootstrap_interval(eight)[1] < 0.9
+    assert bootstrap_interval([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))

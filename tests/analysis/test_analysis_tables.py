@@ -1,10 +1,12 @@
 """Table rendering (Markdown, LaTeX booktabs, best in bold) and the paper tables on synthetic analyses."""
 
+import pytest
 from analysis_synth import record, sweep
 
 from analysis import schema
 from analysis.analyze import analyze
 from analysis.collect import make_table
+from analysis.stats import bootstrap_interval
 from analysis.render import Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_num, fmt_p, tex_escape, to_latex, to_markdown
 from analysis.tables import all_tables
 
@@ -101,7 +103,11 @@ def test_main_table_values_not_reached_and_bold():
     assert "| Replay | 3 | 0.00500 (1/3 seeds) |" in md        # partial: never bold, even though lowest
     paired = to_markdown(tables["paired"])
     assert "| micro | LoRA | pass@1 ≥ 0.3 | 3 | -0.0180 |" in paired
-    assert "| Replay | pass@1 ≥ 0.3 | 1 | 0.00500 | n/a | n/a | n/a | 0/1 | 1.000 | ATLAS only: 2 |" in paired
+    assert "| Replay | pass@1 ≥ 0.3 | 1 | 0.00500 | n/a | n/a | n/a | n/a | 0/1 | 1.000 | ATLAS only: 2 |" in paired
+    # LoRA: d = (-0.010, -0.018, -0.026); bootstrap over the 27 resamples of the 3 pairs
+    lora = a.paired[a.paired["method"] == "lora"].iloc[0]
+    assert (lora["boot_lo"], lora["boot_hi"]) == pytest.approx(bootstrap_interval([-0.010, -0.018, -0.026]))
+    assert -0.026 < lora["boot_lo"] < lora["mean_diff"] < lora["boot_hi"] < -0.010
     assert "| EWC | pass@1 ≥ 0.3 | 0 | n/a |" in paired
 
 
