@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   python -m analysis report runs --out report --levels 0.3 0.4 gain:0.9 --no-interpolate
   python -m analysis report runs --out report --reference lora:train.steps=600   # the point gain levels share
   python -m analysis report runs --out report --check      # re-run and compare with the committed report
+  python -m analysis tune runs_dev --reference lora:train.steps=600 --points 2 --out conf/point --prefix micro_main
 """
 
 
@@ -51,18 +52,30 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    t = sub.add_parser("tune", help="choose each method's sweep points from dev-split records (equal budget)")
+    t.add_argument("dirs", nargs="+", metavar="DIR", help="folders of the tuning preset's dev records")
+    t.add_argument("--reference", default=MT.DEFAULT_REFERENCE, metavar="METHOD[:KNOB=VALUE,...]",
+                   help="the point whose dev gain over the base model the levels are shares of (default: %(default)s)")
+    t.add_argument("--points", type=int, default=2, metavar="N", help="points per method (default: %(default)s)")
+    t.add_argument("--low", type=float, default=0.5, help="low level, share of the reference gain (default 0.5)")
+    t.add_argument("--high", type=float, default=0.9, help="high level, share of the reference gain (default 0.9)")
+    t.add_argument("--out", metavar="FOLDER", help="write the chosen points as conf/point files here")
+    t.add_argument("--prefix", default="micro_main", help="point file names: PREFIX_<method>_<i>.yaml")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None, api=None) -> int:
     """Entry point; `api` replaces `wandb.Api()` (tests)."""
     args = _parser().parse_args(argv)
-    if not args.dirs and not args.wandb:
+    if not args.dirs and not getattr(args, "wandb", None):
         print("error: give at least one run directory or --wandb ENTITY/PROJECT", file=sys.stderr)
         return 2
     try:
         if args.command == "collect":
             return _collect(args, api)
+        if args.command == "tune":
+            return _tune(args)
         return _report(args, api)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -123,4 +136,17 @@ def _report(args, api) -> int:
     if col.skipped:
         _print_skipped(col.skipped)
     print(f"index: {rep.folder / 'index.md'}")
+    return 0
+
+
+def _tune(args) -> int:
+    from pathlib import Path
+
+    from analysis.tune import tune
+
+    frame, written = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
+                          Path(args.out) if args.out else None, args.prefix)
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    for path in written:
+        print(f"wrote {path}")
     return 0

@@ -7,7 +7,8 @@ its names and statuses from here, and it imports nothing from the runtime: analy
 `validate(record)` returns the reason a record cannot be used (or None); `to_row(record)` turns
 a valid complete record into one flat dict whose keys are the table's columns:
 
-    run_id, source, status, method, backbone, benchmark, seed, scale, sweep_key, train_key,
+    run_id, source, status, method, backbone, benchmark (`micro`; `micro[dev]` for a dev-split record), seed,
+    scale, sweep_key, train_key,
     knob/<name> (every `knobs` entry but `name`), knob/train.steps, knob/train.lr,
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
     retained/<domain>/<metric> (kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
@@ -36,6 +37,9 @@ STATUS_INTERRUPTED = "interrupted"
 STATUS_RUNNING = "running"
 STATUSES = (STATUS_COMPLETE, STATUS_FAILED, STATUS_INTERRUPTED, STATUS_RUNNING)
 
+#: The split final numbers are evaluated on; records of any other split (`dev`) get the benchmark name
+#: `<benchmark>[<split>]`, so they form their own group in every table and never mix with evaluation records.
+EVALUATION_SPLIT = "test"
 # The coding axis (higher is better) and the headline retained axis (lower is better).
 TARGET_COL = "target/pass@1"
 KL_MEAN_COL = "retained_kl_mean"
@@ -222,6 +226,13 @@ def scale_of(record: dict) -> float:
     return 1.0 if value is None else float(value)
 
 
+def split_of(record: dict) -> Optional[str]:
+    """The evaluation split a record was made on (`config.benchmark.split`; None when the record has none)."""
+    bench = (record.get("config") or {}).get("benchmark")
+    value = bench.get("split") if isinstance(bench, dict) else None
+    return None if value is None else str(value)
+
+
 def sweep_key(method: str, backbone: str, benchmark: str, knobs: dict, scale: float) -> str:
     """Stable id of a sweep point: method, backbone, benchmark and every knob value (seed excluded)."""
     return _digest({"method": method, "backbone": backbone, "benchmark": benchmark, "knobs": knobs, "scale": scale})
@@ -232,6 +243,9 @@ def to_row(record: dict, source: str) -> dict:
     knobs = knobs_of(record)
     scale = scale_of(record)
     method, backbone, benchmark = record["method"], record["backbone"], record["benchmark"]
+    split = split_of(record)
+    if split not in (None, EVALUATION_SPLIT):  # dev records never join a test group (nor a test sweep point)
+        benchmark = f"{benchmark}[{split}]"
     row: dict[str, Any] = {
         "run_id": record["run_id"],
         "source": source,

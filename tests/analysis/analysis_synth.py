@@ -30,13 +30,14 @@ def record(
     cost: Optional[dict[str, float]] = None,
     run_id: Optional[str] = None,
     end_time: str = "2026-01-01T00:00:00+00:00",
+    split: Optional[str] = None,
 ) -> dict:
     """A record; `kl` maps domain -> kl_token_mean (default math 0.1, commonsense 0.2), `rates` maps
     "math" -> answer_change_rate and "commonsense" -> choice_flip_rate."""
     kl = {"math": 0.1, "commonsense": 0.2} if kl is None else kl
     knobs = dict(KNOBS.get(method, {"rank": 8}) if knobs is None else knobs)
     config = {"method": {"_target_": f"pkg.{method}", "name": method, **knobs}, "backbone": {"name": backbone},
-              "benchmark": {"name": benchmark}, "train": {"steps": steps, "lr": lr, "warmup_steps": 10},
+              "benchmark": {"name": benchmark, **({"split": split} if split else {})}, "train": {"steps": steps, "lr": lr, "warmup_steps": 10},
               "eval": {"max_new_tokens_code": 64}, "seed": seed}
     if run_id is None:
         blob = json.dumps({"c": config, "scale": scale}, sort_keys=True)

@@ -1,0 +1,168 @@
+"""Equal tuning budget: each method's sweep points for an evaluation preset, chosen from its dev-split records.
+
+A tuning preset (`micro_tune`) trains every method at the same number of points along the knob its authors name,
+seed by seed, and evaluates them on the dev split. From those records, per method (scale-1 points of one backbone
+and dev benchmark), with the levels of `analysis.matched` on dev (`low` and `high` shares of the reference point's
+dev gain over the base model):
+
+1. the **high** point: the least mean retained KL among the points whose mean pass@1 reaches the `high` level; if
+   none does, the point with the highest mean pass@1 (the method cannot reach it on dev);
+2. then, until `n` points are chosen: the least-KL point not chosen yet among those reaching the `low` level,
+   then the highest-pass@1 point not chosen yet.
+
+Every method gets min(n, its grid size) points, all chosen by this one rule on dev data; the evaluation preset's
+post-hoc scales extend each point's front downwards. The chosen points are written as `conf/point` files that set
+the knobs varied in the method's grid (`train.steps` -> `train: {steps: ...}`, any other knob -> `method: {...}`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from analysis import matched as MT
+from analysis import methods as M
+from analysis import schema
+from analysis.pareto import per_seed
+
+TRAIN_PREFIX = f"{schema.KNOB_PREFIX}train."
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One chosen point: its method, the knob values varied in the method's grid, and its dev figures."""
+
+    method: str
+    knobs: tuple[tuple[str, object], ...]   # (knob column without the `knob/` prefix, value)
+    pass1: float                            # mean dev pass@1 over seeds
+    kl: float                               # mean dev retained KL over seeds
+    n_seeds: int
+    role: str                               # "high" (reaches the high level), "high: not reached", "low", "fill"
+
+
+def dev_groups(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """(backbone, benchmark) groups of dev-split records; ValueError when the table holds any other split."""
+    benches = sorted(set(zip(df["backbone"], df["benchmark"])))
+    other = [f"{b}/{c}" for b, c in benches if not str(c).endswith("[dev]")]
+    if other:
+        raise ValueError(f"tuning reads dev-split records only; these groups are not dev: {other} (run the tuning "
+                         "preset, which sets benchmark.split=dev, into its own folder)")
+    return benches
+
+
+def choose_points(df: pd.DataFrame, reference: "str | MT.Reference", n_points: int, low: float = 0.5,
+                  high: float = 0.9) -> dict[tuple[str, str], list[Choice]]:
+    """Per dev group (backbone, benchmark): every trained method's chosen points, in the order chosen."""
+    if n_points < 1:
+        raise ValueError(f"points {n_points}: at least 1")
+    if not 0.0 <= low <= high:
+        raise ValueError(f"levels low {low}, high {high}: need 0 <= low <= high")
+    out = {}
+    for bb, bench in dev_groups(df):
+        g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
+        lo, hi = MT.gain_range(df, bb, bench, reference)
+        c_low, c_high = lo + low * (hi - lo), lo + high * (hi - lo)
+        chosen: list[Choice] = []
+        for method in M.ordered(g["method"]):
+            if method == M.BASE:
+                continue
+            chosen += _choose(g[g["method"] == method], method, n_points, c_low, c_high)
+        out[(bb, bench)] = chosen
+    return out
+
+
+def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: float) -> list[Choice]:
+    seeds = per_seed(g, [schema.TARGET_COL, schema.KL_MEAN_COL])
+    points = seeds.groupby("sweep_key").agg(pass1=(schema.TARGET_COL, "mean"), kl=(schema.KL_MEAN_COL, "mean"),
+                                            n=("seed", "count")).reset_index()
+    knob_cols = [c for c in g.columns if c.startswith(schema.KNOB_PREFIX)]
+    firsts = g.drop_duplicates("sweep_key").set_index("sweep_key")
+    varying = [c for c in knob_cols if firsts[c].astype(str).nunique() > 1]
+    rows = {r.sweep_key: r for r in points.itertuples()}
+    order: list[tuple[str, str]] = []
+    reach_high = [k for k in rows if rows[k].pass1 >= c_high - MT.TOL]
+    if reach_high:
+        order.append((min(reach_high, key=lambda k: (rows[k].kl, -rows[k].pass1, k)), "high"))
+    elif rows:
+        order.append((max(rows, key=lambda k: (rows[k].pass1, -rows[k].kl, k)), "high: not reached"))
+    while len(order) < min(n_points, len(rows)):
+        taken = {k for k, _ in order}
+        low_ok = [k for k in rows if k not in taken and rows[k].pass1 >= c_low - MT.TOL]
+        if low_ok:
+            order.append((min(low_ok, key=lambda k: (rows[k].kl, -rows[k].pass1, k)), "low"))
+        else:
+            rest = [k for k in rows if k not in taken]
+            order.append((max(rest, key=lambda k: (rows[k].pass1, -rows[k].kl, k)), "fill"))
+    return [Choice(method, tuple((c[len(schema.KNOB_PREFIX):], _plain(firsts.at[k, c])) for c in varying),
+                   float(rows[k].pass1), float(rows[k].kl), int(rows[k].n), role) for k, role in order]
+
+
+def _plain(value):
+    """A knob cell as a plain Python scalar (numpy scalars unwrapped), written to YAML as it was recorded."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def point_text(choice: Choice, level_text: str) -> str:
+    """The conf/point file of one chosen point."""
+    method_knobs = {k: v for k, v in choice.knobs if not k.startswith("train.")}
+    train_knobs = {k[len("train."):]: v for k, v in choice.knobs if k.startswith("train.")}
+
+    def block(d: dict) -> str:
+        return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + "}"
+
+    lines = ["# @package _global_",
+             f"# Chosen on the dev split by `python -m analysis tune` ({choice.role}: {level_text}): {choice.method} at "
+             f"dev pass@1 {choice.pass1:.4f}, retained KL {choice.kl:.4f} (mean of {choice.n_seeds} seed(s)).",
+             "defaults:", f"  - override /method: {choice.method}"]
+    if method_knobs:
+        lines.append(f"method: {block(method_knobs)}")
+    if train_knobs:
+        lines.append(f"train: {block(train_knobs)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix: str, level_text: str) -> list[Path]:
+    """Write `<out>/<prefix>_<method>_<i>.yaml` for every choice (one dev group only); earlier files of this
+    prefix that are not rewritten are removed, so a preset globbing `<prefix>_*` reads exactly these."""
+    if len(choices) != 1:
+        raise ValueError(f"points are written for one dev group at a time; the records hold {sorted(choices)}")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    counts: dict[str, int] = {}
+    for choice in next(iter(choices.values())):
+        counts[choice.method] = counts.get(choice.method, 0) + 1
+        path = out / f"{prefix}_{choice.method}_{counts[choice.method]}.yaml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(point_text(choice, level_text))
+        tmp.replace(path)
+        written.append(path)
+    for stale in sorted(out.glob(f"{prefix}_*.yaml")):
+        if stale not in written:
+            stale.unlink()
+    return written
+
+
+def choices_frame(choices: dict[tuple[str, str], list[Choice]]) -> pd.DataFrame:
+    """The choices as a table (backbone, benchmark, method, role, knobs, dev pass@1, dev KL, seeds)."""
+    rows = [{"backbone": bb, "benchmark": bench, "method": c.method, "role": c.role,
+             "knobs": ", ".join(f"{k}={v}" for k, v in c.knobs), "pass@1": c.pass1, "kl": c.kl, "n_seeds": c.n_seeds}
+            for (bb, bench), cs in choices.items() for c in cs]
+    return pd.DataFrame(rows, columns=["backbone", "benchmark", "method", "role", "knobs", "pass@1", "kl", "n_seeds"])
+
+
+def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, high: float = 0.9,
+         out: Optional[Path] = None, prefix: str = "micro_main") -> tuple[pd.DataFrame, list[Path]]:
+    """Collect dev records from `dirs`, choose every method's points, and (with `out`) write their point files."""
+    from analysis.collect import collect
+
+    table = collect(dirs).table
+    if table.empty:
+        raise ValueError(f"no complete records under {list(dirs)}")
+    choices = choose_points(table, reference, n_points, low, high)
+    level_text = (f"levels {low:g} and {high:g} of the dev gain of {MT.parse_reference(reference).spec} over the "
+                  "base model")
+    written = write_points(choices, Path(out), prefix, level_text) if out is not None else []
+    return choices_frame(choices), written

@@ -1,0 +1,78 @@
+"""Equal tuning budget (analysis/tune.py): every method's points chosen by one rule from dev-split records, worked
+out by hand; dev records never mix with test records; the written point files."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from analysis_synth import record, write
+
+from analysis import schema
+from analysis.cli import main
+from analysis.collect import make_table
+from analysis.tune import choose_points, tune
+
+# dev pass@1, KL per grid point (seed 0); the reference is LoRA at 600 steps: base 0, hi 0.6 -> low 0.3, high 0.54
+LORA = {150: (0.20, 0.01), 300: (0.40, 0.05), 450: (0.55, 0.10), 600: (0.60, 0.20)}
+EWC = {10.0: (0.50, 0.03), 100.0: (0.45, 0.02), 1000.0: (0.30, 0.01), 10000.0: (0.10, 0.005)}
+ATLAS = {0.25: (0.60, 0.15), 0.5: (0.58, 0.10), 0.75: (0.57, 0.08), 1.0: (0.56, 0.06)}
+
+
+def dev_records(split="dev"):
+    recs = [record("base", 0, 0.0, {"math": 0.0, "commonsense": 0.0}, split=split)]
+    recs += [record("lora", 0, p, {"math": kl, "commonsense": kl}, steps=s, split=split) for s, (p, kl) in LORA.items()]
+    recs += [record("ewc", 0, p, {"math": kl, "commonsense": kl}, knobs={"ewc_lambda": lam}, split=split)
+             for lam, (p, kl) in EWC.items()]
+    recs += [record("atlas", 0, p, {"math": kl, "commonsense": kl}, knobs={"rank": 8, "conditioning": c}, split=split)
+             for c, (p, kl) in ATLAS.items()]
+    return recs
+
+
+def table(records):
+    return make_table(schema.to_row(r, f"src/{i}") for i, r in enumerate(records))
+
+
+def test_each_method_gets_the_same_number_of_points_by_one_rule():
+    chosen = choose_points(table(dev_records()), "lora:train.steps=600", n_points=2)
+    assert list(chosen) == [("micro", "micro[dev]")]
+    got = {(c.method, c.knobs, c.role) for c in chosen[("micro", "micro[dev]")]}
+    assert got == {
+        # reaches 0.54 at 450 and 600: the least KL of those; then the least KL reaching 0.3
+        ("lora", (("train.steps", 450),), "high"), ("lora", (("train.steps", 300),), "low"),
+        # never reaches 0.54: its highest pass@1 (lambda 10); then the least KL reaching 0.3 (lambda 1000)
+        ("ewc", (("ewc_lambda", 10.0),), "high: not reached"), ("ewc", (("ewc_lambda", 1000.0),), "low"),
+        # every point reaches 0.54: the least KL (c = 1); then the least KL among the rest (c = 0.75)
+        ("atlas", (("conditioning", 1.0),), "high"), ("atlas", (("conditioning", 0.75),), "low"),
+    }
+    three = choose_points(table(dev_records()), "lora:train.steps=600", n_points=3)[("micro", "micro[dev]")]
+    ewc = [c for c in three if c.method == "ewc"]
+    assert [c.knobs[0][1] for c in ewc] == [10.0, 1000.0, 100.0]   # the third: least KL of the rest reaching 0.3
+    five = choose_points(table(dev_records()), "lora:train.steps=600", n_points=5)[("micro", "micro[dev]")]
+    assert sum(c.method == "lora" for c in five) == 4                # never more than the grid
+
+
+def test_dev_and_test_records_never_mix():
+    both = table(dev_records() + dev_records(split="test"))
+    assert sorted(set(both["benchmark"])) == ["micro", "micro[dev]"]
+    assert both.groupby("sweep_key")["benchmark"].nunique().max() == 1  # the same knobs: two sweep points
+    with pytest.raises(ValueError, match=r"dev-split records only; these groups are not dev: \['micro/micro'\]"):
+        choose_points(both, "lora:train.steps=600", 2)
+
+
+def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
+    for rec in dev_records():
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "point"
+    out.mkdir()
+    (out / "micro_main_olora_1.yaml").write_text("stale\n")
+    (out / "micro_lora_s300.yaml").write_text("kept: other prefix\n")
+    frame, written = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out, prefix="micro_main")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
+    lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
+    assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 450}}
+    assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10.0}
+    assert "dev pass@1 0.5500, retained KL 0.1000" in (out / "micro_main_lora_1.yaml").read_text()
+    assert list(frame["role"]).count("high") == 2
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
+    assert "points 0: at least 1" in capsys.readouterr().err
