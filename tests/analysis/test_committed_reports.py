@@ -1,5 +1,5 @@
-"""The committed micro reproduction (docs/results/micro): its report is what `python -m analysis report`
-makes of its committed records, and the records are the full micro_main preset."""
+"""The committed micro reproductions (docs/results/micro, docs/results/micro_extended): each report is what
+`python -m analysis report` makes of its committed records, and micro's records are the full micro_main preset."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 
 from analysis.report import check_report
 from tests.conftest import REPO
@@ -16,14 +17,16 @@ RECORDS, REPORT = RESULTS / "records", RESULTS / "report"
 REFERENCE = "lora:train.steps=300"  # LoRA at its defaults when these records were made (commit 0eac144)
 
 
-def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch):
+@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (Path("docs/results/micro_extended"), "lora")])
+def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, folder, reference):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
-    assert (REPORT / "index.md").is_file() and RECORDS.is_dir()
-    diffs = check_report([str(RECORDS)], REPORT, reference=REFERENCE)
+    records, report = folder / "records", folder / "report"
+    assert (report / "index.md").is_file() and records.is_dir()
+    diffs = check_report([str(records)], report, reference=reference)
     # Figures are byte-identical only for the same matplotlib and font versions; tables, data and the
     # index must match exactly, and every figure must be there.
     assert [d for d in diffs if not d.startswith("differs: figures/")] == []
-    figures = sorted((REPORT / "figures").iterdir())
+    figures = sorted((report / "figures").iterdir())
     assert any(p.name.startswith("pareto_micro_mean") for p in figures)
 
 
