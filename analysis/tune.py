@@ -44,13 +44,14 @@ class Choice:
 
 
 def dev_groups(df: pd.DataFrame) -> list[tuple[str, str]]:
-    """(backbone, benchmark) groups of dev-split records; ValueError when the table holds any other split."""
+    """(backbone, benchmark) groups of dev-split records (benchmark `<name>[dev]`); records of any other split are
+    never read. ValueError when there is no dev group."""
     benches = sorted(set(zip(df["backbone"], df["benchmark"])))
-    other = [f"{b}/{c}" for b, c in benches if not str(c).endswith("[dev]")]
-    if other:
-        raise ValueError(f"tuning reads dev-split records only; these groups are not dev: {other} (run the tuning "
-                         "preset, which sets benchmark.split=dev, into its own folder)")
-    return benches
+    dev = [(b, c) for b, c in benches if str(c).endswith("[dev]")]
+    if not dev:
+        raise ValueError(f"tuning reads dev-split records only, and there are none among {[f'{b}/{c}' for b, c in benches]} "
+                         "(the tuning presets set benchmark.split=dev)")
+    return dev
 
 
 def choose_points(df: pd.DataFrame, reference: "str | MT.Reference", n_points: int, low: float = 0.5,

@@ -6,8 +6,9 @@ An estimate, not a measurement. Training costs 6 N T FLOPs (forward 2N, backward
 weights about 2N, recomputation under gradient checkpointing 2N) for N parameters (from the backbone's
 published `shapes`) and T = steps x 32 sequences x MEAN_TOKENS tokens, at SUSTAINED_FLOPS.
 Evaluation is bounded by batched greedy decoding: ceil(n / 32) x max_new_tokens steps per suite, at
-DECODE_S_PER_STEP_8B seconds a step for an 8.2B model, scaled with N. Each run adds OVERHEAD_H for
-loading and the method's statistics; a base run only evaluates.
+DECODE_S_PER_STEP_8B seconds a step for an 8.2B model, scaled with N, once per post-hoc scale the preset
+evaluates (`eval.scales`). Each run adds OVERHEAD_H for loading and the method's statistics; a base run only
+evaluates.
 """
 
 from __future__ import annotations
@@ -35,11 +36,29 @@ PRESETS = {
     "paper_retained": [("qwen3-8b", 192, 0, 1.0)],
     # 18 runs at half, 15 at one (3 shared with paper_main), 18 at two epochs
     "paper_ablations": [("qwen3-8b", 18, 0, 0.5), ("qwen3-8b", 15, 0, 1.0), ("qwen3-8b", 18, 0, 2.0)],
+    # 28 runs at the default length, LoRA's 4 at a quarter to one (mean 0.625); on the dev split
+    "paper_tune": [("qwen3-8b", 28, 1, 1.0), ("qwen3-8b", 4, 0, 0.625)],
 }
+
+
+def evaluations_per_run(preset: str) -> int:
+    """Evaluations of each trained run of a preset: one per post-hoc scale in its `eval.scales` (1 without)."""
+    return len((load("experiment", preset).get("eval") or {}).get("scales") or [1.0])
 
 
 def load(group: str, name: str) -> dict:
     return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+def paper_eval() -> dict:
+    """conf/eval/paper.yaml over the file it starts from (its `defaults`: conf/eval/micro.yaml), as Hydra composes it."""
+    paper = load("eval", "paper")
+    out: dict = {}
+    for base in paper.get("defaults", []):
+        if base != "_self_":
+            out.update(load("eval", base))
+    out.update({k: v for k, v in paper.items() if k != "defaults"})
+    return out
 
 
 def parameters(name: str) -> float:
@@ -56,7 +75,7 @@ def run_hours(name: str) -> tuple[float, float]:
     n = parameters(name)
     tokens = load("train", "paper")["steps"] * SEQUENCES_PER_STEP * MEAN_TOKENS
     train = 6 * n * tokens / SUSTAINED_FLOPS / 3600
-    ev = load("eval", "paper")
+    ev = paper_eval()
     steps = sum(math.ceil(items / 32) * ev[key] for items, key in SUITES)
     return train, steps * DECODE_S_PER_STEP_8B * n / 8.2e9 / 3600
 
@@ -70,7 +89,8 @@ def main() -> None:
         print(f"| {b} | {parameters(b) / 1e9:.1f} B | {train:.2f} | {ev:.2f} | {train + ev + OVERHEAD_H:.2f} |")
     print("\n| preset | new runs | H100-hours | A100-80GB-hours (x2.5) |\n|---|---|---|---|")
     for preset, parts in PRESETS.items():
-        total = sum(t * (hours[b][0] * f + hours[b][1] + OVERHEAD_H) + base * (hours[b][1] + OVERHEAD_H)
+        k = evaluations_per_run(preset)
+        total = sum(t * (hours[b][0] * f + k * hours[b][1] + OVERHEAD_H) + base * (hours[b][1] + OVERHEAD_H)
                     for b, t, base, f in parts)
         runs = sum(t + base for _, t, base, _ in parts)
         print(f"| `{preset}` | {runs} | {total:.0f} | {total * A100_FACTOR:.0f} |")

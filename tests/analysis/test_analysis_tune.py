@@ -55,8 +55,10 @@ def test_dev_and_test_records_never_mix():
     both = table(dev_records() + dev_records(split="test"))
     assert sorted(set(both["benchmark"])) == ["micro", "micro[dev]"]
     assert both.groupby("sweep_key")["benchmark"].nunique().max() == 1  # the same knobs: two sweep points
-    with pytest.raises(ValueError, match=r"dev-split records only; these groups are not dev: \['micro/micro'\]"):
-        choose_points(both, "lora:train.steps=600", 2)
+    # tuning reads the dev group only: the test records change nothing
+    assert choose_points(both, "lora:train.steps=600", 2) == choose_points(table(dev_records()), "lora:train.steps=600", 2)
+    with pytest.raises(ValueError, match=r"dev-split records only, and there are none among \['micro/micro'\]"):
+        choose_points(table(dev_records(split="test")), "lora:train.steps=600", 2)
 
 
 def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):

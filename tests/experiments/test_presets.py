@@ -24,9 +24,9 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 EXPECTED_JOBS = {
     "paper_main": 37 * 3, "paper_backbones": 5 * 37 * 3, "paper_retained": 32 * 2 * 3, "paper_ablations": 6 * 3 * 3,
     "micro_main": 18 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
-    "micro_extended": 14, "micro_tune": 33,
+    "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
 }
-SEEDS = {"micro_extended": (0,), "micro_tune": (0,)}
+SEEDS = {"micro_extended": (0,), "micro_tune": (0,), "paper_tune": (0,)}
 EXTENDED = tuple(registry.trained_methods("extended"))
 
 
@@ -58,7 +58,7 @@ def jobs_of(preset: str, seed: int | None = None) -> list:
 
 def test_every_preset_has_a_micro_twin_and_a_count():
     paper = {p for p in PRESETS if p.startswith("paper_")}
-    assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations"}
+    assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations", "paper_tune"}
     assert {p.replace("paper_", "micro_") for p in paper} <= set(PRESETS)
     assert set(PRESETS) == set(EXPECTED_JOBS)
     assert "micro_extended" in PRESETS  # the methods beyond the paper, with WiSE-FT scales
@@ -93,9 +93,9 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
         assert sorted(methods.values()) == [1] * 14 and set(methods) == {"base", "atlas", *SEVEN, *EXTENDED}
         assert all(list(c.eval.scales) == [0.0, 0.25, 0.5, 0.75, 1.0] for c in cfgs)
         assert next(c for c in cfgs if c.method.name == "fullft").train.lr == 1.0e-4
-    if preset == "micro_tune":  # equal budget on dev: 4 points per method, none longer than the default training
+    if preset.endswith("_tune"):  # equal budget on dev: 4 points per method, none longer than the default training
         assert set(methods) == {"base", "atlas", *SEVEN} and set(methods.values()) == {1, 4} and methods["base"] == 1
-        assert all(c.benchmark.split == "dev" and c.train.steps <= 600 for c in cfgs)
+        assert all(c.benchmark.split == "dev" and c.train.steps <= (600 if micro else 625) for c in cfgs)
     else:
         assert all(c.benchmark.split == "test" for c in cfgs)
     if preset.endswith("_ablations"):
@@ -146,7 +146,7 @@ def test_default_points_are_the_plain_method_runs():
 
 
 def test_every_point_is_used_by_a_preset():
-    used = {job_point for preset in ("micro_main", "paper_main", "micro_extended", "micro_tune")
+    used = {job_point for preset in ("micro_main", "paper_main", "micro_extended", "micro_tune", "paper_tune")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
 
