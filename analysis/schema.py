@@ -7,7 +7,7 @@ its names and statuses from here, and it imports nothing from the runtime: analy
 `validate(record)` returns the reason a record cannot be used (or None); `to_row(record)` turns
 a valid complete record into one flat dict whose keys are the table's columns:
 
-    run_id, source, status, method, backbone, benchmark (`micro`; `micro[dev]` for a dev-split record), seed,
+    run_id, source, status, method, backbone, benchmark (`micro`; `micro@dev` for a dev-split record, as the runtime names it), seed,
     scale, sweep_key, train_key,
     knob/<name> (every `knobs` entry but `name`), knob/train.steps, knob/train.lr,
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
@@ -37,8 +37,9 @@ STATUS_INTERRUPTED = "interrupted"
 STATUS_RUNNING = "running"
 STATUSES = (STATUS_COMPLETE, STATUS_FAILED, STATUS_INTERRUPTED, STATUS_RUNNING)
 
-#: The split final numbers are evaluated on; records of any other split (`dev`) get the benchmark name
-#: `<benchmark>[<split>]`, so they form their own group in every table and never mix with evaluation records.
+#: The split final numbers are evaluated on; records of any other split (`dev`) carry the benchmark name
+#: `<benchmark>@<split>` (the runtime writes it so; older records get it here), so they form their own group in
+#: every table and never mix with evaluation records.
 EVALUATION_SPLIT = "test"
 # The coding axis (higher is better) and the headline retained axis (lower is better).
 TARGET_COL = "target/pass@1"
@@ -244,8 +245,8 @@ def to_row(record: dict, source: str) -> dict:
     scale = scale_of(record)
     method, backbone, benchmark = record["method"], record["backbone"], record["benchmark"]
     split = split_of(record)
-    if split not in (None, EVALUATION_SPLIT):  # dev records never join a test group (nor a test sweep point)
-        benchmark = f"{benchmark}[{split}]"
+    if split not in (None, EVALUATION_SPLIT) and not benchmark.endswith(f"@{split}"):
+        benchmark = f"{benchmark}@{split}"  # dev records never join a test group (nor a test sweep point)
     row: dict[str, Any] = {
         "run_id": record["run_id"],
         "source": source,

@@ -44,10 +44,10 @@ class Choice:
 
 
 def dev_groups(df: pd.DataFrame) -> list[tuple[str, str]]:
-    """(backbone, benchmark) groups of dev-split records (benchmark `<name>[dev]`); records of any other split are
+    """(backbone, benchmark) groups of dev-split records (benchmark `<name>@dev`); records of any other split are
     never read. ValueError when there is no dev group."""
     benches = sorted(set(zip(df["backbone"], df["benchmark"])))
-    dev = [(b, c) for b, c in benches if str(c).endswith("[dev]")]
+    dev = [(b, c) for b, c in benches if str(c).endswith("@dev")]
     if not dev:
         raise ValueError(f"tuning reads dev-split records only, and there are none among {[f'{b}/{c}' for b, c in benches]} "
                          "(the tuning presets set benchmark.split=dev)")
@@ -102,8 +102,11 @@ def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: f
 
 
 def _plain(value):
-    """A knob cell as a plain Python scalar (numpy scalars unwrapped), written to YAML as it was recorded."""
-    return value.item() if hasattr(value, "item") else value
+    """A knob cell as a plain Python scalar. The table stores a knob column as floats when some method lacks the
+    knob (rank 32 reads 32.0), and an integer field would refuse 32.0, so integral floats are written as integers;
+    a float field takes them back as floats, so the composed config (and its run id) is the recorded one."""
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def point_text(choice: Choice, level_text: str) -> str:

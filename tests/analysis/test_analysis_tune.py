@@ -34,8 +34,8 @@ def table(records):
 
 def test_each_method_gets_the_same_number_of_points_by_one_rule():
     chosen = choose_points(table(dev_records()), "lora:train.steps=600", n_points=2)
-    assert list(chosen) == [("micro", "micro[dev]")]
-    got = {(c.method, c.knobs, c.role) for c in chosen[("micro", "micro[dev]")]}
+    assert list(chosen) == [("micro", "micro@dev")]
+    got = {(c.method, c.knobs, c.role) for c in chosen[("micro", "micro@dev")]}
     assert got == {
         # reaches 0.54 at 450 and 600: the least KL of those; then the least KL reaching 0.3
         ("lora", (("train.steps", 450),), "high"), ("lora", (("train.steps", 300),), "low"),
@@ -44,16 +44,16 @@ def test_each_method_gets_the_same_number_of_points_by_one_rule():
         # every point reaches 0.54: the least KL (c = 1); then the least KL among the rest (c = 0.75)
         ("atlas", (("conditioning", 1.0),), "high"), ("atlas", (("conditioning", 0.75),), "low"),
     }
-    three = choose_points(table(dev_records()), "lora:train.steps=600", n_points=3)[("micro", "micro[dev]")]
+    three = choose_points(table(dev_records()), "lora:train.steps=600", n_points=3)[("micro", "micro@dev")]
     ewc = [c for c in three if c.method == "ewc"]
     assert [c.knobs[0][1] for c in ewc] == [10.0, 1000.0, 100.0]   # the third: least KL of the rest reaching 0.3
-    five = choose_points(table(dev_records()), "lora:train.steps=600", n_points=5)[("micro", "micro[dev]")]
+    five = choose_points(table(dev_records()), "lora:train.steps=600", n_points=5)[("micro", "micro@dev")]
     assert sum(c.method == "lora" for c in five) == 4                # never more than the grid
 
 
 def test_dev_and_test_records_never_mix():
     both = table(dev_records() + dev_records(split="test"))
-    assert sorted(set(both["benchmark"])) == ["micro", "micro[dev]"]
+    assert sorted(set(both["benchmark"])) == ["micro", "micro@dev"]
     assert both.groupby("sweep_key")["benchmark"].nunique().max() == 1  # the same knobs: two sweep points
     # tuning reads the dev group only: the test records change nothing
     assert choose_points(both, "lora:train.steps=600", 2) == choose_points(table(dev_records()), "lora:train.steps=600", 2)
@@ -73,7 +73,7 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
         [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
     assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 450}}
-    assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10.0}
+    assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10}
     assert "dev pass@1 0.5500, retained KL 0.1000" in (out / "micro_main_lora_1.yaml").read_text()
     assert list(frame["role"]).count("high") == 2
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
