@@ -6,7 +6,10 @@ and dev benchmark), with the levels of `analysis.matched` on dev (`low` and `hig
 dev gain over the base model):
 
 1. the **high** point: the least mean retained KL among the points whose mean pass@1 reaches the `high` level; if
-   none does, the point with the highest mean pass@1 (the method cannot reach it on dev);
+   none does, the point with the highest mean pass@1 (the method cannot reach it on dev). The reference point's own
+   method takes the reference point here instead: the levels of the evaluation preset are shares of that point's
+   gain, so it must be run there, and counting it as one of its method's points keeps every method's budget at `n`
+   (the reference reaches every level up to 1 by definition);
 2. then, until `n` points are chosen: the least-KL point not chosen yet among those reaching the `low` level,
    then the highest-pass@1 point not chosen yet.
 
@@ -40,7 +43,8 @@ class Choice:
     pass1: float                            # mean dev pass@1 over seeds
     kl: float                               # mean dev retained KL over seeds
     n_seeds: int
-    role: str                               # "high" (reaches the high level), "high: not reached", "low", "fill"
+    role: str                               # "high" (reaches the high level), "high: not reached", "reference",
+                                            # "low", "fill"
 
 
 def dev_groups(df: pd.DataFrame) -> list[tuple[str, str]]:
@@ -66,16 +70,20 @@ def choose_points(df: pd.DataFrame, reference: "str | MT.Reference", n_points: i
         g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
         lo, hi = MT.gain_range(df, bb, bench, reference)
         c_low, c_high = lo + low * (hi - lo), lo + high * (hi - lo)
+        ref_key = MT.reference_point(df, bb, bench, reference)
         chosen: list[Choice] = []
         for method in M.ordered(g["method"]):
             if method == M.BASE:
                 continue
-            chosen += _choose(g[g["method"] == method], method, n_points, c_low, c_high)
+            gm = g[g["method"] == method]
+            first = ref_key if ref_key in set(gm["sweep_key"]) else None
+            chosen += _choose(gm, method, n_points, c_low, c_high, first)
         out[(bb, bench)] = chosen
     return out
 
 
-def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: float) -> list[Choice]:
+def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: float,
+            reference_key: Optional[str] = None) -> list[Choice]:
     seeds = per_seed(g, [schema.TARGET_COL, schema.KL_MEAN_COL])
     points = seeds.groupby("sweep_key").agg(pass1=(schema.TARGET_COL, "mean"), kl=(schema.KL_MEAN_COL, "mean"),
                                             n=("seed", "count")).reset_index()
@@ -85,7 +93,9 @@ def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: f
     rows = {r.sweep_key: r for r in points.itertuples()}
     order: list[tuple[str, str]] = []
     reach_high = [k for k in rows if rows[k].pass1 >= c_high - MT.TOL]
-    if reach_high:
+    if reference_key is not None:
+        order.append((reference_key, "reference"))
+    elif reach_high:
         order.append((min(reach_high, key=lambda k: (rows[k].kl, -rows[k].pass1, k)), "high"))
     elif rows:
         order.append((max(rows, key=lambda k: (rows[k].pass1, -rows[k].kl, k)), "high: not reached"))
@@ -97,16 +107,33 @@ def _choose(g: pd.DataFrame, method: str, n_points: int, c_low: float, c_high: f
         else:
             rest = [k for k in rows if k not in taken]
             order.append((max(rest, key=lambda k: (rows[k].pass1, -rows[k].kl, k)), "fill"))
-    return [Choice(method, tuple((c[len(schema.KNOB_PREFIX):], _plain(firsts.at[k, c])) for c in varying),
+    names = {c: c[len(schema.KNOB_PREFIX):] for c in varying}
+    return [Choice(method, tuple((names[c], _plain(firsts.at[k, c], _default(method, names[c]))) for c in varying),
                    float(rows[k].pass1), float(rows[k].kl), int(rows[k].n), role) for k, role in order]
 
 
-def _plain(value):
-    """A knob cell as a plain Python scalar. The table stores a knob column as floats when some method lacks the
-    knob (rank 32 reads 32.0), and an integer field would refuse 32.0, so integral floats are written as integers;
-    a float field takes them back as floats, so the composed config (and its run id) is the recorded one."""
+def _plain(value, default=None):
+    """A knob cell as a plain Python scalar of the type its configured default has. The table stores a knob column
+    as floats when some method lacks the knob (rank 32 reads 32.0), and the run id hashes the composed values as
+    written (`conditioning: 1` and `conditioning: 1.0` are two run ids), so a knob whose default is a float is
+    written as a float and an integral value of any other knob as an integer: the point's run is then the same run
+    as the tuned one, or as the method's default run where the values agree."""
     value = value.item() if hasattr(value, "item") else value
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _default(method: str, knob: str):
+    """The configured default of `knob` (`train.steps` from conf/train/default.yaml, any other from
+    conf/method/<method>.yaml); None when the file or the key is not there."""
+    from experiments.config import ConfigError, group_values
+
+    group, name, key = ("train", "default", knob[len("train."):]) if knob.startswith("train.") else ("method", method, knob)
+    try:
+        return group_values(group, name).get(key)
+    except ConfigError:
+        return None
 
 
 def point_text(choice: Choice, level_text: str) -> str:

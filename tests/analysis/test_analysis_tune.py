@@ -37,8 +37,10 @@ def test_each_method_gets_the_same_number_of_points_by_one_rule():
     assert list(chosen) == [("micro", "micro@dev")]
     got = {(c.method, c.knobs, c.role) for c in chosen[("micro", "micro@dev")]}
     assert got == {
-        # reaches 0.54 at 450 and 600: the least KL of those; then the least KL reaching 0.3
-        ("lora", (("train.steps", 450),), "high"), ("lora", (("train.steps", 300),), "low"),
+        # the reference's own method: the reference point first (it defines the levels, so it is run anyway and
+        # counts against LoRA's budget), although 450 would be the least KL reaching 0.54; then the least KL
+        # reaching 0.3
+        ("lora", (("train.steps", 600),), "reference"), ("lora", (("train.steps", 300),), "low"),
         # never reaches 0.54: its highest pass@1 (lambda 10); then the least KL reaching 0.3 (lambda 1000)
         ("ewc", (("ewc_lambda", 10.0),), "high: not reached"), ("ewc", (("ewc_lambda", 1000.0),), "low"),
         # every point reaches 0.54: the least KL (c = 1); then the least KL among the rest (c = 0.75)
@@ -49,6 +51,10 @@ def test_each_method_gets_the_same_number_of_points_by_one_rule():
     assert [c.knobs[0][1] for c in ewc] == [10.0, 1000.0, 100.0]   # the third: least KL of the rest reaching 0.3
     five = choose_points(table(dev_records()), "lora:train.steps=600", n_points=5)[("micro", "micro@dev")]
     assert sum(c.method == "lora" for c in five) == 4                # never more than the grid
+    # another reference: LoRA is chosen by the rule (450: least KL reaching the high level), EWC starts from it
+    by_ewc = choose_points(table(dev_records()), "ewc:ewc_lambda=10", n_points=2)[("micro", "micro@dev")]
+    assert [(c.knobs, c.role) for c in by_ewc if c.method == "lora"][0] == ((("train.steps", 450),), "high")
+    assert [(c.knobs, c.role) for c in by_ewc if c.method == "ewc"][0] == ((("ewc_lambda", 10.0),), "reference")
 
 
 def test_dev_and_test_records_never_mix():
@@ -72,9 +78,14 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
-    assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 450}}
+    assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 600}}
     assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10}
-    assert "dev pass@1 0.5500, retained KL 0.1000" in (out / "micro_main_lora_1.yaml").read_text()
-    assert list(frame["role"]).count("high") == 2
+    # written in the type of the configured default (the run id hashes `1.0` and `1` differently): ATLAS's
+    # conditioning 1 is its default run, a float; LoRA's steps stay an integer
+    assert "method: {conditioning: 1.0}" in (out / "micro_main_atlas_1.yaml").read_text()
+    assert "train: {steps: 600}" in (out / "micro_main_lora_1.yaml").read_text()
+    assert "(reference: levels" in (out / "micro_main_lora_1.yaml").read_text()
+    assert "dev pass@1 0.6000, retained KL 0.2000" in (out / "micro_main_lora_1.yaml").read_text()
+    assert list(frame["role"]).count("high") == 1 and list(frame["role"]).count("reference") == 1
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
     assert "points 0: at least 1" in capsys.readouterr().err

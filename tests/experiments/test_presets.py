@@ -23,7 +23,7 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
     "paper_main": 37 * 3, "paper_backbones": 5 * 37 * 3, "paper_retained": 32 * 2 * 3, "paper_ablations": 6 * 3 * 3,
-    "micro_main": 18 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
+    "micro_main": 17 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
     "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
 }
 SEEDS = {"micro_extended": (0,), "micro_tune": (0,), "paper_tune": (0,)}
@@ -116,23 +116,33 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
 
 
 def test_main_presets_sweep_each_method_knob():
-    """Every trained method has at least two sweep points in the main presets; ATLAS's knob is gate_quantile."""
-    for preset, n_atlas in (("micro_main", 3), ("paper_main", 4)):
+    """Every trained method has at least two sweep points in the main presets. micro_main's are the tuned ones:
+    the same number for every method (equal budget), ATLAS's along `conditioning`, LoRA's including the
+    reference (LoRA at its defaults) that the report's levels are shares of."""
+    for preset in ("micro_main", "paper_main"):
         per_method: dict = {}
         for c in jobs_of(preset, seed=0):
             per_method.setdefault(c.method.name, []).append(c)
         assert len(per_method["base"]) == 1
-        assert sorted(c.method.gate_quantile for c in per_method["atlas"]) == sorted(
-            {c.method.gate_quantile for c in per_method["atlas"]}) and len(per_method["atlas"]) == n_atlas
         for name in SEVEN:
             assert len(per_method[name]) >= 2, name
+        if preset == "paper_main":
+            assert len({c.method.gate_quantile for c in per_method["atlas"]}) == len(per_method["atlas"]) == 4
+    tuned = {}
+    for c in jobs_of("micro_main", seed=0):
+        tuned.setdefault(c.method.name, []).append(c)
+    assert {name: len(cs) for name, cs in tuned.items() if name != "base"} == {name: 2 for name in ("atlas", *SEVEN)}
+    assert len({c.method.conditioning for c in tuned["atlas"]}) == 2
+    assert 600 in {c.train.steps for c in tuned["lora"]}
+    assert all(c.train.steps == 600 for name, cs in tuned.items() if name != "lora" for c in cs)
 
 
 def test_extended_preset_reuses_micro_main_runs():
-    """eval.scales is not part of the run id: micro_extended's runs of paper methods are micro_main's seed-0 runs."""
+    """eval.scales is not part of the run id: micro_extended's runs of paper methods at points micro_main also
+    runs (base, the default ATLAS and LoRA, ...) are micro_main's seed-0 runs; the extra methods are not."""
     main_ids = {run_id_for(c) for c in jobs_of("micro_main", seed=0)}
     extended = {c.method.name: run_id_for(c) for c in jobs_of("micro_extended", seed=0)}
-    assert {extended[m] for m in ("base", "atlas", *SEVEN)} <= main_ids
+    assert {extended[m] for m in ("base", "atlas", "lora", "replay", "ewc", "lwf")} <= main_ids
     assert not {extended[m] for m in EXTENDED} & main_ids
 
 
