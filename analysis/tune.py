@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import pandas as pd
+import yaml
 
 from analysis import matched as MT
 from analysis import methods as M
@@ -32,6 +33,7 @@ from analysis import schema
 from analysis.pareto import per_seed
 
 TRAIN_PREFIX = f"{schema.KNOB_PREFIX}train."
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass(frozen=True)
@@ -125,15 +127,20 @@ def _plain(value, default=None):
 
 
 def _default(method: str, knob: str):
-    """The configured default of `knob` (`train.steps` from conf/train/default.yaml, any other from
-    conf/method/<method>.yaml); None when the file or the key is not there."""
-    from experiments.config import ConfigError, group_values
-
+    """The configured default of `knob`: `train.<key>` from conf/train/default.yaml, any other from
+    conf/method/<method>.yaml over the method files its `defaults` list names (read as YAML, as
+    `analysis.methods` does: analysis imports nothing from the runtime); None where there is none."""
     group, name, key = ("train", "default", knob[len("train."):]) if knob.startswith("train.") else ("method", method, knob)
-    try:
-        return group_values(group, name).get(key)
-    except ConfigError:
-        return None
+    values: dict = {}
+    chain = [name]
+    while chain:
+        path = CONF / group / f"{chain.pop()}.yaml"
+        if not path.is_file():
+            break
+        raw = yaml.safe_load(path.read_text()) or {}
+        values = {**{k: v for k, v in raw.items() if k != "defaults"}, **values}
+        chain += [d for d in raw.get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    return values.get(key)
 
 
 def point_text(choice: Choice, level_text: str) -> str:
