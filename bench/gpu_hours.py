@@ -29,11 +29,14 @@ OVERHEAD_H = 0.05              # loading, atlas / Fisher / covariances, about 3 
 A100_FACTOR = 2.5
 # (items, max new tokens) per evaluation suite: HumanEval + MBPP, GSM8K, CommonsenseQA.
 SUITES = ((164 + 257, "max_new_tokens_code"), (500, "max_new_tokens_math"), (500, "max_new_tokens_choice"))
-# Runs each preset adds (trained, base, mean training length as a multiple of train/paper's steps).
+# The main sweep on one backbone: paper_tune's grid on test, 3 seeds: 28 x 3 runs at the default length, LoRA's
+# 4 x 3 at a quarter to one (mean 0.625), and 3 base runs.
+MAIN_SWEEP = ((84, 3, 1.0), (12, 0, 0.625))
+# Runs each preset adds (backbone, trained, base, mean training length as a multiple of train/paper's steps).
 PRESETS = {
-    "paper_main": [("qwen3-8b", 108, 3, 1.0)],
-    "paper_backbones": [(b, 108, 3, 1.0) for b in PAPER_BACKBONES if b != "qwen3-8b"],
-    "paper_retained": [("qwen3-8b", 192, 0, 1.0)],
+    "paper_main": [("qwen3-8b", *runs) for runs in MAIN_SWEEP],
+    "paper_backbones": [(b, *runs) for b in PAPER_BACKBONES if b != "qwen3-8b" for runs in MAIN_SWEEP],
+    "paper_retained": [("qwen3-8b", 168, 0, 1.0)],
     # 18 runs at half, 15 at one (3 shared with paper_main), 18 at two epochs
     "paper_ablations": [("qwen3-8b", 18, 0, 0.5), ("qwen3-8b", 15, 0, 1.0), ("qwen3-8b", 18, 0, 2.0)],
     # 28 runs at the default length, LoRA's 4 at a quarter to one (mean 0.625); on the dev split

@@ -22,7 +22,7 @@ ABLATIONS = tuple(registry.trained_methods("reference", "ablation"))
 FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
-    "paper_main": 37 * 3, "paper_backbones": 5 * 37 * 3, "paper_retained": 32 * 2 * 3, "paper_ablations": 6 * 3 * 3,
+    "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
     "micro_main": 17 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
     "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
 }
@@ -116,7 +116,7 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
 
 
 def test_main_presets_sweep_each_method_knob():
-    """Every trained method has at least two sweep points in the main presets. micro_main's are the tuned ones:
+    """Every trained method has the same number of sweep points in the main presets. micro_main's are the tuned ones:
     the same number for every method (equal budget), ATLAS's along `conditioning`, LoRA's including the
     reference (LoRA at its defaults) that the report's levels are shares of."""
     for preset in ("micro_main", "paper_main"):
@@ -126,8 +126,11 @@ def test_main_presets_sweep_each_method_knob():
         assert len(per_method["base"]) == 1
         for name in SEVEN:
             assert len(per_method[name]) >= 2, name
-        if preset == "paper_main":
-            assert len({c.method.gate_quantile for c in per_method["atlas"]}) == len(per_method["atlas"]) == 4
+        if preset == "paper_main":  # paper_tune's grid: 4 points per method, ATLAS's along `conditioning`
+            assert {name: len(cs) for name, cs in per_method.items() if name != "base"} == {
+                name: 4 for name in ("atlas", *SEVEN)}
+            assert len({c.method.conditioning for c in per_method["atlas"]}) == 4
+            assert max(c.train.steps for c in per_method["lora"]) == 625
     tuned = {}
     for c in jobs_of("micro_main", seed=0):
         tuned.setdefault(c.method.name, []).append(c)
