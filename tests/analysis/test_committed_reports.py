@@ -1,5 +1,6 @@
 """The committed micro reproductions (docs/results/micro, docs/results/micro_extended): each report is what
-`python -m analysis report` makes of its committed records, and micro's records are the full micro_main preset."""
+`python -m analysis report` makes of its committed records, and micro's records are the whole micro_main preset on
+the test split."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from analysis.report import check_report
 from tests.conftest import REPO
 
 RESULTS = Path("docs/results/micro")
-RECORDS, REPORT = RESULTS / "records", RESULTS / "report"
-REFERENCE = "lora:train.steps=300"  # LoRA at its defaults when these records were made (commit 0eac144)
+REFERENCE = "lora:train.steps=600"  # LoRA at its defaults, the point micro_main's levels are shares of
+SCALES = [0.25, 0.5, 0.75, 0.9]  # micro_main's post-hoc scales besides 1
+
+
+def _records(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((REPO / folder / "records").rglob("record.json"))]
 
 
 @pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (Path("docs/results/micro_extended"), "lora")])
@@ -30,14 +35,26 @@ def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, fo
     assert any(p.name.startswith("pareto_micro_mean") for p in figures)
 
 
-def test_committed_records_are_the_whole_micro_main_preset():
-    records = [json.loads(p.read_text()) for p in sorted((REPO / RECORDS).rglob("record.json"))]
-    assert len(records) == 54 and all(r["status"] == "complete" for r in records)
-    per_method = Counter(r["method"] for r in records)
-    assert per_method == {"atlas": 9, "base": 3, "lora": 6, "olora": 6, "replay": 6, "ewc": 6, "lwf": 6,
-                          "corda": 6, "inflora": 6}
-    assert Counter(r["seed"] for r in records) == {0: 18, 1: 18, 2: 18}
-    assert {r["backbone"] for r in records} == {"micro"}
-    # Provenance: one committed code version, not edited while the sweep ran.
+def _check_provenance(records: list[dict]) -> None:
+    # One committed code version, not edited while the sweep ran, all on the test split.
     assert len({r["provenance"]["git_sha"] for r in records}) == 1
     assert not any(r["provenance"]["git_dirty"] for r in records)
+    assert {r["split"] for r in records} == {"test"} and {r["backbone"] for r in records} == {"micro"}
+    assert all(r["status"] == "complete" for r in records)
+
+
+def test_committed_records_are_the_whole_micro_main_preset():
+    records = _records(RESULTS)
+    trained = [r for r in records if r.get("scale", 1) == 1]
+    assert len(trained) == 51
+    per_method = Counter(r["method"] for r in trained)
+    # Equal budget: 2 trained points x 3 seeds for every method (micro_main's tuned points), the base 3 seeds.
+    assert per_method == {"base": 3, **{m: 6 for m in ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda",
+                                                           "inflora")}}
+    assert Counter(r["seed"] for r in trained) == {0: 17, 1: 17, 2: 17}
+    # Dense fronts: every trained run also at each post-hoc scale, one record each.
+    scaled = Counter(r["run_id"].split("@")[0] for r in records if r.get("scale", 1) != 1)
+    assert sorted(scaled) == sorted(r["run_id"] for r in trained if r["method"] != "base")
+    assert set(scaled.values()) == {len(SCALES)}
+    assert sorted({r["scale"] for r in records if r.get("scale", 1) != 1}) == SCALES
+    _check_provenance(records)
