@@ -1,6 +1,6 @@
-"""The committed micro reproductions (docs/results/micro, docs/results/micro_extended): each report is what
-`python -m analysis report` makes of its committed records, and micro's records are the whole micro_main preset on
-the test split."""
+"""The committed micro reproductions (docs/results/micro, its ablations, docs/results/micro_extended): each report is
+what `python -m analysis report` makes of its committed records, micro's records are the whole micro_main preset on
+the test split, and the ablation records give ATLAS and each variant the same single trained point."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from analysis.report import check_report
 from tests.conftest import REPO
 
 RESULTS = Path("docs/results/micro")
+ABLATIONS = RESULTS / "ablations"
 REFERENCE = "lora:train.steps=600"  # LoRA at its defaults, the point micro_main's levels are shares of
 SCALES = [0.25, 0.5, 0.75, 0.9]  # micro_main's post-hoc scales besides 1
 
@@ -22,7 +23,8 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((REPO / folder / "records").rglob("record.json"))]
 
 
-@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (Path("docs/results/micro_extended"), "lora")])
+@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (ABLATIONS, REFERENCE),
+                                              (Path("docs/results/micro_extended"), "lora")])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, folder, reference):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
     records, report = folder / "records", folder / "report"
@@ -58,3 +60,22 @@ def test_committed_records_are_the_whole_micro_main_preset():
     assert set(scaled.values()) == {len(SCALES)}
     assert sorted({r["scale"] for r in records if r.get("scale", 1) != 1}) == SCALES
     _check_provenance(records)
+
+
+def test_committed_ablation_records_give_every_variant_atlas_s_point():
+    records = _records(ABLATIONS)
+    _check_provenance(records)
+    trained = [r for r in records if r.get("scale", 1) == 1]
+    variants = {"atlas", "atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_random", "atlas_target"}
+    assert Counter(r["method"] for r in trained) == {"base": 3, "lora": 3, **{m: 3 for m in variants}}
+    atlas_like = [r for r in trained if r["method"] in variants]
+    # The same trained point for all: 600 steps, conditioning 1, seeds 0-2, and the same scales.
+    assert {r["config"]["train"]["steps"] for r in atlas_like} == {600}
+    assert {float(r["knobs"]["conditioning"]) for r in atlas_like} == {1.0}
+    assert Counter(r["seed"] for r in atlas_like) == {0: 6, 1: 6, 2: 6}
+    assert sorted({r["scale"] for r in records if r.get("scale", 1) != 1}) == SCALES
+    # The reference is micro_main's LoRA at its defaults: its records are the main folder's, byte for byte.
+    main = {p.parent.name: p.read_bytes() for p in (REPO / RESULTS / "records").glob("*/record.json")}
+    for p in (REPO / ABLATIONS / "records").glob("*/record.json"):
+        if json.loads(p.read_text())["method"] in {"base", "lora", "atlas"}:
+            assert main.get(p.parent.name) == p.read_bytes(), p
