@@ -19,8 +19,11 @@ REFERENCE = "lora:train.steps=600"  # LoRA at its defaults, the point micro_main
 SCALES = [0.25, 0.5, 0.75, 0.9]  # micro_main's post-hoc scales besides 1
 
 
-def _records(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((REPO / folder / "records").rglob("record.json"))]
+def _records(folder: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """(all records, trained runs at scale 1, post-hoc scale records) of a committed folder."""
+    records = [json.loads(p.read_text()) for p in sorted((REPO / folder / "records").rglob("record.json"))]
+    trained = [r for r in records if r.get("scale", 1) == 1]  # the base's records carry no scale
+    return records, trained, [r for r in records if r.get("scale", 1) != 1]
 
 
 @pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (ABLATIONS, REFERENCE),
@@ -46,8 +49,7 @@ def _check_provenance(records: list[dict]) -> None:
 
 
 def test_committed_records_are_the_whole_micro_main_preset():
-    records = _records(RESULTS)
-    trained = [r for r in records if r.get("scale", 1) == 1]
+    records, trained, scaled = _records(RESULTS)
     assert len(trained) == 51
     per_method = Counter(r["method"] for r in trained)
     # Equal budget: 2 trained points x 3 seeds for every method (micro_main's tuned points), the base 3 seeds.
@@ -55,25 +57,24 @@ def test_committed_records_are_the_whole_micro_main_preset():
                                                            "inflora")}}
     assert Counter(r["seed"] for r in trained) == {0: 17, 1: 17, 2: 17}
     # Dense fronts: every trained run also at each post-hoc scale, one record each.
-    scaled = Counter(r["run_id"].split("@")[0] for r in records if r.get("scale", 1) != 1)
-    assert sorted(scaled) == sorted(r["run_id"] for r in trained if r["method"] != "base")
-    assert set(scaled.values()) == {len(SCALES)}
-    assert sorted({r["scale"] for r in records if r.get("scale", 1) != 1}) == SCALES
+    per_run = Counter(r["run_id"].split("@")[0] for r in scaled)
+    assert sorted(per_run) == sorted(r["run_id"] for r in trained if r["method"] != "base")
+    assert set(per_run.values()) == {len(SCALES)}
+    assert sorted({r["scale"] for r in scaled}) == SCALES
     _check_provenance(records)
 
 
 def test_committed_ablation_records_give_every_variant_atlas_s_point():
-    records = _records(ABLATIONS)
+    records, trained, scaled = _records(ABLATIONS)
     _check_provenance(records)
-    trained = [r for r in records if r.get("scale", 1) == 1]
-    variants = {"atlas", "atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_random", "atlas_target"}
-    assert Counter(r["method"] for r in trained) == {"base": 3, "lora": 3, **{m: 3 for m in variants}}
-    atlas_like = [r for r in trained if r["method"] in variants]
+    atlas_family = {"atlas", "atlas_global", "atlas_nofilter", "atlas_nogate", "atlas_random", "atlas_target"}
+    assert Counter(r["method"] for r in trained) == {"base": 3, "lora": 3, **{m: 3 for m in atlas_family}}
+    atlas_like = [r for r in trained if r["method"] in atlas_family]
     # The same trained point for all: 600 steps, conditioning 1, seeds 0-2, and the same scales.
     assert {r["config"]["train"]["steps"] for r in atlas_like} == {600}
     assert {float(r["knobs"]["conditioning"]) for r in atlas_like} == {1.0}
     assert Counter(r["seed"] for r in atlas_like) == {0: 6, 1: 6, 2: 6}
-    assert sorted({r["scale"] for r in records if r.get("scale", 1) != 1}) == SCALES
+    assert sorted({r["scale"] for r in scaled}) == SCALES
     # The reference is micro_main's LoRA at its defaults: its records are the main folder's, byte for byte.
     main = {p.parent.name: p.read_bytes() for p in (REPO / RESULTS / "records").glob("*/record.json")}
     for p in (REPO / ABLATIONS / "records").glob("*/record.json"):
