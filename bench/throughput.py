@@ -3,6 +3,7 @@
     python -m bench.throughput                              # micro, every method, 3 length groups and 1
     python -m bench.throughput --methods lora,atlas --groups 1,2,3,4 --repeats 5
     python -m bench.throughput --methods lora,atlas --groups 3 --atlas-parts --floor   # where ATLAS's step goes
+    python -m bench.throughput --methods fullft,lora,atlas --groups 3 --shape qwen3-cpu --layers 4   # wider layers
 
 Each method is what `python run.py method=<name>` trains: its config (conf/method/<name>.yaml), the backbone and
 benchmark of `--backbone`, prepared by `experiments.job.Job.load_and_prepare` (an atlas, a Fisher, a replay pool,
@@ -24,6 +25,13 @@ factors with neither gate nor filter computed: what the residual costs by itself
 gradient through the conditioning (`DetachedConditioningSite`: the same forward, the gate and the filter
 coordinates treated as constants in the backward). atlas - detached = the backward through the conditioning;
 detached - conditioning=0 = its forward and the residual's use of it.
+
+`--shape` keeps the backbone's tokenizer, vocabulary and data but gives the model the widths of a preset
+(`bench.common.preset_shapes`: qwen3-cpu, or a conf/backbone with `shapes` such as qwen3-8b; `--layers` keeps that
+many decoder layers): a random-init Qwen3 saved to a scratch folder and used as `backbone.path` by every variant.
+On micro the hidden size is 192, where every adapter's products are thin and a step is many small operations;
+at qwen3-cpu's 1024 the same loop, methods and examples show what the wider matrices of a real backbone do to the
+shares (speed does not depend on the weights' values).
 
 Layouts: `--groups` values of `train.length_groups` (`experiments.batching`: a micro-batch as at most that many
 right-padded groups of similar length; 1 = one right-padded batch). Every timed round runs `--steps` steps of
@@ -67,6 +75,30 @@ def has_length_groups() -> bool:
     from experiments.config import TrainConfig
 
     return "length_groups" in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def widened_backbone(backbone: str, shape: str, layers: Optional[int], folder: Path) -> list[str]:
+    """Save a random-init Qwen3 with the widths of preset `shape` (hidden, MLP, heads, layers; `layers` overrides the
+    count) and the vocabulary and tokenizer of conf/backbone/`backbone` into `folder`; return the overrides that
+    make it the backbone (`backbone.path`, `backbone.shapes`)."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from bench.common import preset_shapes
+    from experiments.backbones import load_tokenizer
+
+    cfg = compose("lora", backbone, []).backbone
+    tokenizer = load_tokenizer(cfg)
+    shapes = {k: v for k, v in preset_shapes(shape).items() if k != "vocab_size"}
+    if layers:
+        shapes["num_hidden_layers"] = layers
+    shapes["vocab_size"] = len(tokenizer)
+    config = Qwen3Config(**shapes, max_position_embeddings=max(4096, int(cfg.max_length)), tie_word_embeddings=False,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return [f"backbone.path={folder}", *(f"backbone.shapes.{k}={v}" for k, v in shapes.items())]
 
 
 class LoopVariant:
@@ -195,6 +227,10 @@ class FrozenFloor:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbone", default="micro", help="conf/backbone/<name> (default micro)")
+    ap.add_argument("--shape", default=None,
+                    help="a random-init model with this preset's widths (qwen3-cpu, or a conf/backbone name with shapes) "
+                         "and the backbone's tokenizer and data (default: the backbone itself)")
+    ap.add_argument("--layers", type=int, default=None, help="with --shape: keep this many decoder layers")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds (median reported; default 3)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -209,8 +245,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     help="also time ATLAS at conditioning=0 (its layer without the conditioning) and with no gradient "
                          "through the conditioning: where ATLAS's step goes beyond LoRA's")
     args = ap.parse_args(argv)
-    for key, least in (("repeats", 1), ("steps", 1), ("warmup", 0)):
-        if getattr(args, key) < least:
+    for key, least in (("repeats", 1), ("steps", 1), ("warmup", 0), ("layers", 1)):
+        if getattr(args, key) is not None and getattr(args, key) < least:
             raise SystemExit(f"error: --{key} {getattr(args, key)}: must be >= {least}")
     try:
         group_counts = [int(x) for x in args.groups.split(",") if x]
@@ -226,10 +262,20 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     unknown = [m for m in methods if not (REPO / "conf" / "method" / f"{m}.yaml").is_file()]
     if unknown:
         raise SystemExit(f"error: --methods: {unknown} not in conf/method")
+    if args.layers and not args.shape:
+        raise SystemExit("error: --layers needs --shape (the backbone's own model keeps its layers)")
+    if args.shape:
+        from bench.common import preset_shapes
+
+        preset_shapes(args.shape)  # an unknown preset stops here, with the allowed ones
 
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(torch.device("cpu")),
-               "backbone": args.backbone, "steps_per_round": args.steps, "rounds": args.repeats, "complete": False}
+               "backbone": args.backbone, "shape": args.shape, "layers": args.layers, "steps_per_round": args.steps,
+               "rounds": args.repeats, "complete": False}
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:  # run folders and their checkpoints
+        if args.shape:
+            args.override = [*widened_backbone(args.backbone, args.shape, args.layers, Path(tmp) / "backbone"),
+                             *args.override]
         payload = _measure(args, methods, group_counts, Path(tmp), payload)
     write_json(args.out, SCRIPT, payload)
     return payload
@@ -290,7 +336,9 @@ def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, s
         rows.append([name, entry["groups"], tokens[(name, groups)], s["median_s"] * 1e3 / args.steps,
                      f"{s['iqr_rel'] * 100:.1f}%", tps, f"{share * 100:.0f}%"])
     payload.update(results=results, complete=True)
-    print(f"\n{args.backbone}: training loop, {args.steps} steps per round, median of {rounds} rounds")
+    where = f"{args.backbone} at {args.shape}'s widths" + (f", {args.layers} layers" if args.layers else "") \
+        if args.shape else args.backbone
+    print(f"\n{where}: training loop, {args.steps} steps per round, median of {rounds} rounds")
     print(table(["method", "groups", "tokens/round", "ms/step", "IQR", "tokens/s", "of plain"], rows) + "\n", flush=True)
     return payload
 

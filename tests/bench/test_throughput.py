@@ -92,3 +92,31 @@ def test_detached_conditioning_has_the_same_forward_and_no_gradient_through_the_
     torch.testing.assert_close(detached, full)
     torch.testing.assert_close(x.grad, grad_constants)
     assert not torch.allclose(grad_full, grad_constants, rtol=1e-3, atol=1e-5)  # the conditioning's gradient is real
+
+
+def test_shape_widens_the_model_and_keeps_the_backbone_data(tmp_path, monkeypatch):
+    from bench.common import RANDOM_PRESETS
+
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    overrides = throughput.widened_backbone("micro", "qwen3-cpu", 1, tmp_path / "wide")
+    assert overrides[0] == f"backbone.path={tmp_path / 'wide'}"
+    variant = throughput.LoopVariant("lora", "micro", overrides, tmp_path / "runs")
+    config = variant.model.get_base_model().config
+    preset = RANDOM_PRESETS["qwen3-cpu"]
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.head_dim) == \
+        (preset["hidden_size"], preset["intermediate_size"], 1, preset["head_dim"])
+    assert config.vocab_size == len(variant.tokenizer)  # micro's tokenizer, so micro's examples
+    assert variant.backbone_cfg.shapes.hidden_size == preset["hidden_size"]
+    micro = throughput.LoopVariant("lora", "micro", [], tmp_path / "runs")
+    assert [e["input_ids"] for e in variant.examples] == [e["input_ids"] for e in micro.examples]
+    tokens, seconds = variant.run(1, 3)
+    assert tokens > 0 and seconds > 0
+
+
+def test_shape_and_layers_are_checked_before_any_work():
+    with pytest.raises(SystemExit, match="--layers needs --shape"):
+        throughput.main(["--layers", "2"])
+    with pytest.raises(SystemExit, match="is not a preset"):
+        throughput.main(["--shape", "nosuch"])
+    with pytest.raises(SystemExit, match="--layers 0: must be >= 1"):
+        throughput.main(["--shape", "qwen3-cpu", "--layers", "0"])
