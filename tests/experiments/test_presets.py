@@ -23,7 +23,7 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
     "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
-    "micro_main": 17 * 3, "micro_backbones": 9 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
+    "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
     "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
 }
 SEEDS = {"micro_extended": (0,), "micro_tune": (0,), "paper_tune": (0,)}
@@ -147,6 +147,28 @@ def test_extended_preset_reuses_micro_main_runs():
     extended = {c.method.name: run_id_for(c) for c in jobs_of("micro_extended", seed=0)}
     assert {extended[m] for m in ("base", "atlas", "lora", "replay", "ewc", "lwf")} <= main_ids
     assert not {extended[m] for m in EXTENDED} & main_ids
+
+
+@pytest.mark.parametrize("family", ["micro", "paper"])
+def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
+    """The backbones and ablations presets share runs with the main sweep (skipped once complete), so they evaluate
+    the main sweep's post-hoc scales: a shared record is complete for both and every table's fronts are built the
+    same way. The backbones preset is the main sweep's points on the backbone axis (on micro: the same runs)."""
+    main = jobs_of(f"{family}_main", seed=0)
+    scales = {tuple(c.eval.scales) for c in main}
+    assert len(scales) == 1 and len(next(iter(scales))) > 1
+    for preset in (f"{family}_backbones", f"{family}_ablations"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # the preset's own eval.scales
+            assert tuple(compose("config", overrides=[f"+experiment={preset}"]).eval.scales) in scales, preset
+    main_ids = {run_id_for(c) for c in main}
+    on_main_backbone = [job for job in expand(f"{family}_backbones") if "seed=0" in job
+                        and f"backbone={main[0].backbone.name}" in job]  # composing the other backbones adds nothing
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        assert {run_id_for(validate_config(compose("config", overrides=job))) for job in on_main_backbone} == main_ids
+    atlas = [job for job in expand(f"{family}_ablations") if "seed=0" in job and "method=atlas" in job]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        shared = [job for job in atlas if run_id_for(validate_config(compose("config", overrides=job))) in main_ids]
+    assert len(atlas) == {"micro": 2, "paper": 3}[family] and len(shared) == 1  # ATLAS at the default length: main's
 
 
 def test_default_points_are_the_plain_method_runs():
