@@ -23,7 +23,7 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
     "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
-    "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 7 * 2 * 3, "micro_ablations": 6 * 2 * 3,
+    "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 14 * 2 * 3, "micro_ablations": 6 * 2 * 3,
     "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
 }
 SEEDS = {"micro_extended": (0,), "micro_tune": (0,), "paper_tune": (0,)}
@@ -169,6 +169,15 @@ def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         shared = [job for job in atlas if run_id_for(validate_config(compose("config", overrides=job))) in main_ids]
     assert len(atlas) == {"micro": 2, "paper": 3}[family] and len(shared) == 1  # ATLAS at the default length: main's
+
+
+@pytest.mark.parametrize("family", ["micro", "paper"])
+def test_retained_presets_run_the_main_points_of_the_methods_that_read_retained_data(family):
+    def points(preset):
+        return {o.split("=", 1)[1] for job in expand(preset) for o in job if o.startswith("+point=")}
+
+    main = {p for p in points(f"{family}_main") if "_base" not in p and "_lora_" not in p}
+    assert len(main) == (14 if family == "micro" else 28) and points(f"{family}_retained") == main
 
 
 def test_default_points_are_the_plain_method_runs():
