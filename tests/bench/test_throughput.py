@@ -42,13 +42,17 @@ def test_plain_reference_trains_a_private_copy(tmp_path):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-def test_bad_groups_are_refused_before_any_work():
-    with pytest.raises(SystemExit, match="--groups"):
-        throughput.main(["--groups", "0"])
-    with pytest.raises(SystemExit, match="not in conf/method"):
-        throughput.main(["--methods", "nosuch"])
-    with pytest.raises(SystemExit, match="--steps 0: must be >= 1"):
-        throughput.main(["--steps", "0"])
+@pytest.mark.parametrize("argv, message", [
+    (["--groups", "0"], "--groups"),
+    (["--methods", "nosuch"], "not in conf/method"),
+    (["--steps", "0"], "--steps 0: must be >= 1"),
+    (["--layers", "2"], "--layers needs --shape"),
+    (["--shape", "nosuch"], "is not a preset"),
+    (["--shape", "qwen3-cpu", "--layers", "0"], "--layers 0: must be >= 1"),
+])
+def test_bad_arguments_are_refused_before_any_work(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        throughput.main(argv)
 
 
 def test_atlas_parts_are_timed_through_the_loop(tmp_path, monkeypatch):
@@ -111,12 +115,3 @@ def test_shape_widens_the_model_and_keeps_the_backbone_data(tmp_path, monkeypatc
     assert [e["input_ids"] for e in variant.examples] == [e["input_ids"] for e in micro.examples]
     tokens, seconds = variant.run(1, 3)
     assert tokens > 0 and seconds > 0
-
-
-def test_shape_and_layers_are_checked_before_any_work():
-    with pytest.raises(SystemExit, match="--layers needs --shape"):
-        throughput.main(["--layers", "2"])
-    with pytest.raises(SystemExit, match="is not a preset"):
-        throughput.main(["--shape", "nosuch"])
-    with pytest.raises(SystemExit, match="--layers 0: must be >= 1"):
-        throughput.main(["--shape", "qwen3-cpu", "--layers", "0"])

@@ -56,6 +56,12 @@ def jobs_of(preset: str, seed: int | None = None) -> list:
         return [validate_config(compose("config", overrides=job)) for job in jobs]
 
 
+def run_ids_of(jobs: list[list[str]]) -> list[str]:
+    """The run ids of jobs given as override lists (as `expand` returns them)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return [run_id_for(validate_config(compose("config", overrides=job))) for job in jobs]
+
+
 def test_every_preset_has_a_micro_twin_and_a_count():
     paper = {p for p in PRESETS if p.startswith("paper_")}
     assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations", "paper_tune"}
@@ -163,11 +169,9 @@ def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
     main_ids = {run_id_for(c) for c in main}
     on_main_backbone = [job for job in expand(f"{family}_backbones") if "seed=0" in job
                         and f"backbone={main[0].backbone.name}" in job]  # composing the other backbones adds nothing
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        assert {run_id_for(validate_config(compose("config", overrides=job))) for job in on_main_backbone} == main_ids
+    assert set(run_ids_of(on_main_backbone)) == main_ids
     atlas = [job for job in expand(f"{family}_ablations") if "seed=0" in job and "method=atlas" in job]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        shared = [job for job in atlas if run_id_for(validate_config(compose("config", overrides=job))) in main_ids]
+    shared = [run_id for run_id in run_ids_of(atlas) if run_id in main_ids]
     assert len(atlas) == {"micro": 2, "paper": 3}[family] and len(shared) == 1  # ATLAS at the default length: main's
 
 
