@@ -329,6 +329,7 @@ class Job:
                 "stored_bytes": stored_bytes,
                 "decode_tokens_per_s": timing.get("decode_tokens_per_s"),
                 "eval_seconds": time.perf_counter() - t_eval,
+                "threads": torch.get_num_threads(),  # intra-op threads the seconds above were measured with
                 **self.method.costs(),
             },
             "timing": timing,

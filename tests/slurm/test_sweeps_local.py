@@ -1,8 +1,12 @@
 """Launcher configs, cluster profiles, the code snapshot, and the local launcher's skip + summary (no cluster)."""
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -101,10 +105,19 @@ def test_code_snapshot_of_this_repo_imports_from_itself(tmp_path):
     assert all(p.startswith(str(code)) for p in out.stdout.split()), out.stdout
 
 
-def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overrides, tmp_path):
+def runs_started(out: str, jobs: int) -> int:
+    """How many runs a local sweep started: their own start lines in this process (jobs 1), or the launcher's
+    `started:` lines (jobs > 1, each run's output is in its job log)."""
+    if jobs == 1:  # "[run] <id>: lora on tiny/tiny, seed 0 -> <run dir>"
+        return len(re.findall(r"^\[run\] [0-9a-f]{16}: .* seed \d+ -> ", out, flags=re.M))
+    return len([line for line in sweep_lines(out) if line.startswith("[sweep] started: ")])
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overrides, tmp_path, jobs):
     runs = tmp_path / "runs"
     args = ["-m", "method=lora", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
-            "+method.explode_at=2,100", *overrides(runs)]
+            "+method.explode_at=2,100", f"hydra.launcher.jobs={jobs}", *overrides(runs)]
     first = run_cli(args)
     assert first.returncode != 0, first.stdout[-3000:]  # a run failed: the sweep says so with its exit code
     rows = summary_rows(first.stdout)
@@ -117,13 +130,24 @@ def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overr
     assert "Traceback" in failed["error"]["traceback"] and "after_step" in failed["error"]["traceback"]
     summary = json.loads((sweep_folder(first.stdout) / "summary.json").read_text())
     assert summary["counts"] == {"done": 1, "failed": 1}
+    done = next(r for r in recs.values() if r["status"] == "complete")
+    if jobs == 2:  # two processes side by side, the machine's cores split between them
+        cores = len(os.sched_getaffinity(0))
+        threads = max(1, cores // 2)
+        assert f"[sweep] running 2 job(s), 2 at a time, {threads} thread(s) each" in first.stdout, sweep_lines(first.stdout)
+        assert len({r["process"]["pid"] for r in recs.values()} | {os.getpid()}) == 3
+        spans = sorted((r["provenance"]["start_time"], r["provenance"]["end_time"]) for r in recs.values())
+        assert spans[1][0] < spans[0][1], spans  # the second started before the first ended
+        assert done["cost"]["threads"] == threads
+    else:
+        assert done["cost"]["threads"] == 1  # run_cli's OMP_NUM_THREADS=1, in the launcher's own process
 
     again = run_cli(args)
     assert again.returncode != 0
     assert "[sweep] 2 run(s): 1 to run, 1 complete (skipped, nothing run for them)" in again.stdout, sweep_lines(again.stdout)
     rows = summary_rows(again.stdout)
     assert rows["+method.explode_at=100"][0] == "skipped" and rows["+method.explode_at=2"][0] == "failed"
-    assert again.stdout.count("[run] ") == 1  # only the failed run ran again
+    assert runs_started(again.stdout, jobs) == 1  # only the failed run ran again
 
     # The summary can be made again later from the run directories.
     proc = subprocess.run([sys.executable, "-m", "hydra_plugins.atlas_sweep.planner", "summary", str(sweep_folder(again.stdout))],
@@ -144,3 +168,53 @@ def test_overrides_that_do_not_change_the_science_run_once(overrides, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 duplicate(s) of another job (not run twice)" in proc.stdout, sweep_lines(proc.stdout)
     assert proc.stdout.count("[run] ") == 2  # "[run] <id>: ..." start and complete lines of one run
+
+
+@pytest.mark.parametrize("setting", ["hydra.launcher.jobs=0", "hydra.launcher.jobs=two", "hydra.launcher.threads_per_job=0"])
+def test_bad_parallel_settings_are_refused_before_any_run(overrides, tmp_path, setting):
+    proc = run_cli(["-m", "method=lora", "seed=0,1", setting, *overrides(tmp_path / "runs")], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    key, value = setting.split("=")
+    shown = value if value.isdigit() else repr(value)
+    assert f"error: {key}={shown} is not allowed" in proc.stderr, proc.stderr[-3000:]
+    assert "[run]" not in proc.stdout and "[sweep] running" not in proc.stdout
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/record.json"))
+
+
+def test_parallel_local_sweep_stopped_by_sigterm_checkpoints_its_runs_and_resumes(overrides, tmp_path):
+    # SIGTERM to the launcher (a shutdown, a `kill`) reaches the running jobs: each checkpoints at its next step
+    # boundary and records itself interrupted; the same command later resumes both and completes them.
+    runs = tmp_path / "runs"
+    args = ["-m", "method=lora", "method._target_=tests.slurm.slow_method.SlowLoRA", "+method.step_sleep_s=0.1",
+            "seed=0,1", "hydra.launcher.jobs=2",
+            *overrides(runs, **{"train.steps": "300", "train.checkpoint_every": "1000"})]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:  # both runs under way (their records say running)
+            states = [r["status"] for r in records_under(runs).values()]
+            if states == ["running", "running"]:
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the sweep ended before both runs were running"
+        time.sleep(8)  # into training: 300 steps of at least 0.1 s each
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-3000:]
+    recs = records_under(runs)
+    assert [r["status"] for r in recs.values()] == ["interrupted", "interrupted"], out[-3000:]
+    steps = {rid: r["interrupted"]["step"] for rid, r in recs.items()}
+    assert all(isinstance(s, int) and 0 < s < 300 for s in steps.values()), steps
+    rows = summary_rows(out)
+    assert sorted(state for state, _ in rows.values()) == ["interrupted", "interrupted"], rows
+
+    again = run_cli(args, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:]
+    recs = records_under(runs)
+    assert [r["status"] for r in recs.values()] == ["complete", "complete"]
+    assert {rid: r["train"]["resumed_from"] for rid, r in recs.items()} == steps
