@@ -90,6 +90,27 @@ def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
     assert "the runs come from 2 code versions (see Code versions)" in index
 
 
+def test_report_warns_when_runs_were_trained_with_different_thread_counts(tmp_path):
+    records = [r for r in scenario() if r["backbone"] == "micro"]
+    for i, rec in enumerate(records):
+        if i % 4 == 0:
+            rec["cost"]["threads"] = 1
+        elif i % 4 == 1:
+            rec["cost"]["threads"] = 2
+        write(tmp_path / "runs", rec)  # the rest carry no thread count (older records): not counted
+    index = (write_report([str(tmp_path / "runs")], tmp_path / "report", reference=REFERENCE).folder
+             / "index.md").read_text()
+    ones, twos = sum(1 for i in range(len(records)) if i % 4 == 0), sum(1 for i in range(len(records)) if i % 4 == 1)
+    assert f"different intra-op thread counts (1 thread(s): {ones} runs, 2 thread(s): {twos} runs;" in index
+
+    same = tmp_path / "same"
+    for rec in records:
+        rec["cost"]["threads"] = 2
+        write(same, rec)
+    index = (write_report([str(same)], tmp_path / "report_same", reference=REFERENCE).folder / "index.md").read_text()
+    assert "thread counts" not in index
+
+
 def test_report_tables_hold_the_known_values(report):
     _, out, _ = report
     main_md = (out / "tables" / "main.md").read_text()
