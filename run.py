@@ -16,6 +16,7 @@ register_run_id_resolver()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from experiments import exit_codes
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError
     from experiments.failure import SignalInterrupt
@@ -26,13 +27,13 @@ def main(cfg: DictConfig) -> None:
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         discard_rejected_run_dir()
-        sys.exit(2)
+        sys.exit(exit_codes.BAD_CONFIG)
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(3)
+        sys.exit(exit_codes.RUN_BUSY)
     except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
         print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
-        sys.exit(4)
+        sys.exit(exit_codes.INTERRUPTED)
 
 
 if __name__ == "__main__":

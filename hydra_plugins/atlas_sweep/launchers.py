@@ -58,7 +58,6 @@ class LocalSweepLauncher(BasicLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.atlas_sweep import planner as sweep
         from experiments.config import ConfigError
-        from experiments.train import Preempted
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
@@ -87,12 +86,12 @@ class LocalSweepLauncher(BasicLauncher):
                 continue
             try:
                 ret = super().launch([run.overrides], run.index)[0]
-            except SystemExit as exc:  # the entry point exits on a config or data error found inside the job
-                ret = sweep.failed_return(run, RuntimeError(f"the job exited with code {exc.code} (message above)"))
+            except SystemExit as exc:  # the entry point exits on a config error, a busy run or an interruption
+                ret = sweep.failed_return(run, sweep.JobExited(exc.code))
             returns.append(ret)
             error = ret._return_value if ret.status == JobStatus.FAILED else None
             run.state, run.reason = sweep.outcome_of(run, error)
-            if isinstance(error, Preempted):
+            if sweep.stops_the_sweep(error):
                 stop = error  # a signal asked this process to stop: do not start the next run
         sweep.write_plan(folder, plan)
         sweep.report(plan, folder, "local")
@@ -105,7 +104,6 @@ class LocalSweepLauncher(BasicLauncher):
         import submitit
 
         from hydra_plugins.atlas_sweep import planner as sweep
-        from experiments.train import Preempted
 
         returns = [sweep.skipped_return(run) for run in plan if run.state is not None]
         todo = [run for run in plan if run.state is None]
@@ -116,6 +114,11 @@ class LocalSweepLauncher(BasicLauncher):
         task = LocalJobTask(self.hydra_context, self.task_function, os.getcwd(), Singleton.get_state(), threads)
         sweep.log(f"running {len(todo)} job(s), {jobs} at a time, {threads} thread(s) each "
                   f"(logs: {folder / 'submitit'})")
+        gpus = shared_gpus()
+        if gpus:
+            sweep.log(f"warning: {jobs} jobs at a time share this machine's {gpus} GPU(s): each job uses the first one "
+                      "it sees and holds its own copy of the model there; jobs=1 (one run fills a GPU) or "
+                      "hydra/launcher=slurm is the way to use GPUs")
         running: dict[Any, Any] = {}  # submitit job -> planned run
         stop: Optional[str] = None
         previous = signal.getsignal(signal.SIGTERM)
@@ -147,7 +150,7 @@ class LocalSweepLauncher(BasicLauncher):
                     run.state, run.reason = sweep.outcome_of(run, error)
                     ended += 1
                     sweep.log(f"{ended}/{len(todo)} ended: {run.run_id} {run.state} (job {job.job_id})")
-                    if isinstance(error, Preempted) and stop is None:
+                    if sweep.stops_the_sweep(error) and stop is None:
                         stop = f"{type(error).__name__}: {error}"
                 if running:
                     time.sleep(0.5)
@@ -167,6 +170,35 @@ class LocalSweepLauncher(BasicLauncher):
         return returns
 
 
+def shared_gpus() -> int:
+    """How many CUDA devices this process sees (0 without CUDA); parallel local jobs would share them."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def run_submitit_job(hydra_context: Any, task_function: Any, launch_cwd: Optional[str],
+                     singleton_state: Optional[dict], sweep_config: DictConfig, job_num: int) -> JobReturn:
+    """One sweep job inside a submitit job's process (local or SLURM): back to the launch directory (relative
+    paths in the config mean what they meant there) with the launcher's Hydra state, the job's id and number in
+    `hydra.job`, then Hydra's `run_job` on the job's composed config; returns its JobReturn."""
+    import submitit
+
+    from hydra_plugins.atlas_sweep import planner as sweep
+
+    if launch_cwd:
+        os.chdir(launch_cwd)
+    if singleton_state is not None:
+        Singleton.set_state(singleton_state)
+    setup_globals()
+    sweep.ensure_run_id_resolver()
+    with read_write(sweep_config.hydra.job), open_dict(sweep_config.hydra.job):
+        sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
+        sweep_config.hydra.job.num = job_num
+    return run_job(hydra_context=hydra_context, task_function=task_function, config=sweep_config,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
 class LocalJobTask:
     """One job of `LocalSweepLauncher`'s parallel mode, called in its own process by submitit: Hydra's `run_job`
     on the job's composed config, from the launch directory, with the launcher process's Hydra state."""
@@ -177,7 +209,6 @@ class LocalJobTask:
         self.launch_cwd, self.singleton_state, self.threads = launch_cwd, singleton_state, threads
 
     def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:
-        import submitit
         import torch
 
         from hydra_plugins.atlas_sweep import planner as sweep
@@ -185,15 +216,15 @@ class LocalJobTask:
         torch.set_num_threads(self.threads)  # a run's `train.num_threads`, when set, still decides
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # for the processes the run starts
             os.environ[name] = str(self.threads)
-        os.chdir(self.launch_cwd)
-        Singleton.set_state(self.singleton_state)
-        setup_globals()
-        sweep.ensure_run_id_resolver()
-        with read_write(sweep_config.hydra.job), open_dict(sweep_config.hydra.job):
-            sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
-            sweep_config.hydra.job.num = job_num
-        return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        try:
+            return run_submitit_job(self.hydra_context, self.task_function, self.launch_cwd, self.singleton_state,
+                                    sweep_config, job_num)
+        except SystemExit as exc:  # hand the exit back as this job's outcome: without a result submitit's job
+            # object waits 15 s for one and then reports the job as lost
+            ret = JobReturn(overrides=list(sweep_config.hydra.overrides.task), status=JobStatus.FAILED,
+                            working_dir=os.getcwd())
+            ret.return_value = sweep.JobExited(exc.code)
+            return ret
 
 
 class SlurmSweepLauncher(SlurmLauncher):
@@ -311,24 +342,13 @@ class SlurmSweepLauncher(SlurmLauncher):
     # ---- on the compute node
 
     def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:  # type: ignore[override]
-        import submitit
-
         from hydra_plugins.atlas_sweep import planner as sweep
         from experiments.train import Preempted
 
-        if self.launch_cwd:
-            os.chdir(self.launch_cwd)
-        if self.singleton_state is not None:
-            Singleton.set_state(self.singleton_state)
-        setup_globals()
-        sweep.ensure_run_id_resolver()
-        with read_write(sweep_config.hydra.job), open_dict(sweep_config.hydra.job):
-            sweep_config.hydra.job.id = submitit.JobEnvironment().job_id
-            sweep_config.hydra.job.num = job_num
         self.requeued = False
         try:
-            ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                          job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+            ret = run_submitit_job(self.hydra_context, self.task_function, self.launch_cwd, self.singleton_state,
+                                   sweep_config, job_num)
         except Exception:
             if self.requeued:
                 sys.exit(-1)

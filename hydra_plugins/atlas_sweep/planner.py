@@ -305,6 +305,33 @@ def skipped_return(run: PlannedRun) -> JobReturn:
     return ret
 
 
+class JobExited(RuntimeError):
+    """A sweep job whose entry point exited (`sys.exit`) instead of returning; `code` is its exit code
+    (`experiments.exit_codes`), its message was printed by the job."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(code)  # the code alone in `args`, so the error pickles back from a job's process
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"the job exited with code {self.code} (message above)"
+
+    @property
+    def interrupted(self) -> bool:
+        """The run was stopped by a signal (and recorded itself interrupted): a sweep stops launching runs."""
+        from experiments import exit_codes
+
+        return self.code == exit_codes.INTERRUPTED
+
+
+def stops_the_sweep(error: Optional[BaseException]) -> bool:
+    """Whether a job's outcome means a signal asked the sweep to stop: the run raised `Preempted` (a checkpoint
+    was saved) or its entry point exited with the interrupted code."""
+    from experiments.train import Preempted
+
+    return isinstance(error, Preempted) or (isinstance(error, JobExited) and error.interrupted)
+
+
 def failed_return(run: PlannedRun, error: BaseException) -> JobReturn:
     ret = JobReturn(overrides=run.overrides, status=JobStatus.FAILED, working_dir=os.getcwd())
     ret.return_value = error

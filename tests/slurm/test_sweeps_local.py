@@ -183,40 +183,55 @@ def test_bad_parallel_settings_are_refused_before_any_run(overrides, tmp_path, s
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/record.json"))
 
 
-def test_parallel_local_sweep_stopped_by_sigterm_checkpoints_its_runs_and_resumes(overrides, tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_local_sweep_stopped_by_sigterm_checkpoints_its_runs_and_resumes(jobs, overrides, tmp_path):
     # SIGTERM to the launcher (a shutdown, a `kill`) reaches the running jobs: each checkpoints at its next step
-    # boundary and records itself interrupted; the same command later resumes both and completes them.
+    # boundary and records itself interrupted, and no further run starts; the same command later resumes and
+    # completes them all.
     runs = tmp_path / "runs"
     args = ["-m", "method=lora", "method._target_=tests.slurm.slow_method.SlowLoRA", "+method.step_sleep_s=0.1",
-            "seed=0,1", "hydra.launcher.jobs=2",
-            *overrides(runs, **{"train.steps": "300", "train.checkpoint_every": "1000"})]
+            "seed=0,1", f"hydra.launcher.jobs={jobs}",
+            *overrides(runs, **{"train.steps": "60", "train.checkpoint_every": "5"})]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:  # both runs under way (their records say running)
-            states = [r["status"] for r in records_under(runs).values()]
-            if states == ["running", "running"]:
+        while time.time() < deadline and proc.poll() is None:  # `jobs` runs training: each has saved a checkpoint
+            if [any(d.glob("step_*.pt")) for d in runs.glob("*/checkpoints")] == [True] * jobs:
                 break
-            time.sleep(0.5)
-        assert proc.poll() is None, "the sweep ended before both runs were running"
-        time.sleep(8)  # into training: 300 steps of at least 0.1 s each
-        proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        assert proc.poll() is None, "the sweep ended before its runs were training"
+        assert [r["status"] for r in records_under(runs).values()] == ["running"] * jobs
+        proc.send_signal(signal.SIGTERM)  # 60 steps of at least 0.1 s each: the runs are mid-training
         out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0, out[-3000:]
     recs = records_under(runs)
-    assert [r["status"] for r in recs.values()] == ["interrupted", "interrupted"], out[-3000:]
+    assert [r["status"] for r in recs.values()] == ["interrupted"] * jobs, out[-3000:]
     steps = {rid: r["interrupted"]["step"] for rid, r in recs.items()}
-    assert all(isinstance(s, int) and 0 < s < 300 for s in steps.values()), steps
+    assert all(isinstance(s, int) and 5 <= s < 60 for s in steps.values()), steps
     rows = summary_rows(out)
-    assert sorted(state for state, _ in rows.values()) == ["interrupted", "interrupted"], rows
+    assert sorted(state for state, _ in rows.values()) == sorted(["interrupted"] * jobs + ["not run"] * (2 - jobs)), rows
+    assert "has not produced any output" not in out  # each stopped job handed its outcome back to the launcher
 
     again = run_cli(args, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:]
     recs = records_under(runs)
     assert [r["status"] for r in recs.values()] == ["complete", "complete"]
-    assert {rid: r["train"]["resumed_from"] for rid, r in recs.items()} == steps
+    assert {rid: r["train"]["resumed_from"] for rid, r in recs.items() if rid in steps} == steps
+
+
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_parallel_jobs_on_a_gpu_machine_are_warned_that_they_share_its_gpus(gpus, tmp_path, monkeypatch, capsys):
+    from hydra_plugins.atlas_sweep import launchers
+
+    monkeypatch.setattr(launchers, "shared_gpus", lambda: gpus)
+    launcher = launchers.LocalSweepLauncher(jobs=2)
+    launcher.hydra_context, launcher.task_function = None, None
+    assert launcher._launch_parallel([], tmp_path, 2, 1) == []  # nothing to run: only the start lines
+    out = capsys.readouterr().out
+    assert "running 0 job(s), 2 at a time" in out
+    assert ("share this machine's 2 GPU(s)" in out) == (gpus > 0), out
