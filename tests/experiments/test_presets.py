@@ -4,6 +4,7 @@ exactly as `python run.py -m +experiment=NAME` would, into the expected set of v
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -49,17 +50,28 @@ def expand(preset: str, *extra: str) -> list[list[str]]:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+_CONFIGS: dict[tuple[str, ...], Any] = {}
+
+
+def configs_of(jobs: list[list[str]]) -> list:
+    """The validated configs of jobs given as override lists, each composed once per test process (composing is
+    most of this module's time, and several tests read the same presets' jobs; none changes a config)."""
+    missing = [tuple(job) for job in jobs if tuple(job) not in _CONFIGS]
+    if missing:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            for job in missing:
+                _CONFIGS[job] = validate_config(compose("config", overrides=list(job)))
+    return [_CONFIGS[tuple(job)] for job in jobs]
+
+
 def jobs_of(preset: str, seed: int | None = None) -> list:
     """The validated configs of a preset's jobs (only those of `seed` when given)."""
-    jobs = [j for j in expand(preset) if seed is None or f"seed={seed}" in j]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return [validate_config(compose("config", overrides=job)) for job in jobs]
+    return configs_of([j for j in expand(preset) if seed is None or f"seed={seed}" in j])
 
 
 def run_ids_of(jobs: list[list[str]]) -> list[str]:
     """The run ids of jobs given as override lists (as `expand` returns them)."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return [run_id_for(validate_config(compose("config", overrides=job))) for job in jobs]
+    return [run_id_for(c) for c in configs_of(jobs)]
 
 
 def test_every_preset_has_a_micro_twin_and_a_count():
@@ -208,10 +220,8 @@ def test_micro_run_ids_are_unchanged():
     golden = json.loads((REPO / "tests/experiments/fixtures/micro_run_ids.json").read_text())
     jobs = {preset: [job for job in expand(preset) if not any(o in job for o in ("seed=1", "seed=2"))]
             for preset in PRESETS if preset.startswith("micro_")}
-    now = {}
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        now["defaults"] = {"(no overrides)": run_id_for(validate_config(compose("config", overrides=[])))}
-        for preset, preset_jobs in jobs.items():
-            now[preset] = {" ".join(sorted(o for o in job if not o.startswith("+experiment="))):
-                           run_id_for(validate_config(compose("config", overrides=job))) for job in preset_jobs}
+    now = {"defaults": {"(no overrides)": run_ids_of([[]])[0]}}
+    for preset, preset_jobs in jobs.items():
+        now[preset] = {" ".join(sorted(o for o in job if not o.startswith("+experiment="))): run_id
+                       for job, run_id in zip(preset_jobs, run_ids_of(preset_jobs))}
     assert now == golden
