@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--high", type=float, default=0.9, help="high level, share of the reference gain (default 0.9)")
     t.add_argument("--out", metavar="FOLDER", help="write the chosen points as conf/point files here")
     t.add_argument("--prefix", default="micro_main", help="point file names: PREFIX_<method>_<i>.yaml")
+    t.add_argument("--close-se", type=float, default=1.0, metavar="Z",
+                   help="a point within Z standard errors of a level is a close call (default: %(default)s)")
     return p
 
 
@@ -144,9 +146,21 @@ def _tune(args) -> int:
 
     from analysis.tune import tune
 
-    frame, written = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
-                          Path(args.out) if args.out else None, args.prefix)
+    if not args.close_se > 0:
+        print(f"error: --close-se {args.close_se}: a number of standard errors > 0", file=sys.stderr)
+        return 2
+    frame, written, firm = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
+                                Path(args.out) if args.out else None, args.prefix, args.close_se)
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print(f"\nHow firm each choice is: points within {args.close_se:g} standard error(s) of a level (binomial over "
+          "problems, the level's own error included) counted as reaching it, then as missing it:")
+    for row in firm.itertuples():
+        if row.close:
+            print(f"  {row.method}: close: the other reading chooses {row.alternative}; close points: "
+                  f"{row.close_points}")
+        else:
+            print(f"  {row.method}: firm" + (f" (close points that do not change it: {row.close_points})"
+                                              if row.close_points else ""))
     for path in written:
         print(f"wrote {path}")
     return 0

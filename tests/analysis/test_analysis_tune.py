@@ -10,7 +10,7 @@ from analysis_synth import record, write
 from analysis import schema
 from analysis.cli import main
 from analysis.collect import make_table
-from analysis.tune import choose_points, tune
+from analysis.tune import choose_points, pass1_se, stability, tune
 
 # dev pass@1, KL per grid point (seed 0); the reference is LoRA at 600 steps: base 0, hi 0.6 -> low 0.3, high 0.54
 LORA = {150: (0.20, 0.01), 300: (0.40, 0.05), 450: (0.55, 0.10), 600: (0.60, 0.20)}
@@ -74,7 +74,7 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     out.mkdir()
     (out / "micro_main_olora_1.yaml").write_text("stale\n")
     (out / "micro_lora_s300.yaml").write_text("kept: other prefix\n")
-    frame, written = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out, prefix="micro_main")
+    frame, written, _ = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out, prefix="micro_main")
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
@@ -89,3 +89,37 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     assert list(frame["role"]).count("high") == 1 and list(frame["role"]).count("reference") == 1
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
     assert "points 0: at least 1" in capsys.readouterr().err
+
+
+def test_stability_names_the_methods_whose_choice_hangs_on_points_within_their_error_of_a_level(tmp_path, capsys):
+    # 100 problems, one seed: the reference (0.6) has SE 0.049, so the levels 0.3 and 0.54 have SEs 0.0245 and 0.0441
+    # (the base, at 0, has none). Every ATLAS point lies within 1 combined SE of the high level (0.56 is +0.3 SE,
+    # 0.60 is +0.9 SE): read as missing it, no point reaches it, the highest pass@1 (c = 0.25) is the high point
+    # and the least-KL point reaching the low level (c = 1) the other: the pair {0.25, 1} instead of {1, 0.75}.
+    # EWC's lambda 1000 sits on the low level (0.30, +0.0 SE): read as missing it, the low point is lambda 100.
+    # LoRA's close points (450 and 600 near the high level) do not change its choice: the reference comes first.
+    assert pass1_se(0.6, 100) == pytest.approx(0.04899, abs=1e-5) and pass1_se(0.0, 100) == 0.0
+    found = {st.method: st for st in stability(table(dev_records()), "lora:train.steps=600", 2)[("micro", "micro@dev")]}
+    assert found["atlas"].close and found["atlas"].alternative == ((("conditioning", 0.25),), (("conditioning", 1.0),))
+    assert "conditioning=1.0 (high level, +0.3 SE)" in found["atlas"].close_points
+    assert found["ewc"].close and found["ewc"].alternative == ((("ewc_lambda", 10.0),), (("ewc_lambda", 100.0),))
+    assert "ewc_lambda=1000.0 (low level, +0.0 SE)" in found["ewc"].close_points
+    assert not found["lora"].close and found["lora"].alternative == ()
+    assert {c.split(" (")[0] for c in found["lora"].close_points} == {"train.steps=450", "train.steps=600"}
+    # a tighter band: ATLAS's points (0.3-0.9 SE above) are no longer close calls; EWC's point on the level still is
+    tight = {st.method: st for st in stability(table(dev_records()), "lora:train.steps=600", 2, z=0.1)[("micro", "micro@dev")]}
+    assert not tight["atlas"].close and tight["atlas"].close_points == () and tight["ewc"].close
+    # the same with 3 seeds per point: each mean has a smaller error, and ATLAS's 0.56 (+0.5 SE) stays a close call
+    # only at the default band
+    three = [dict(r, seed=s, run_id=f"{r['run_id']}-{s}") for r in dev_records() for s in (0, 1, 2)]
+    seeded = {st.method: st for st in stability(table(three), "lora:train.steps=600", 2)[("micro", "micro@dev")]}
+    assert "conditioning=1.0 (high level, +0.5 SE)" in seeded["atlas"].close_points
+
+    for rec in dev_records():
+        write(tmp_path / "runs", rec)
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600"]) == 0
+    out = capsys.readouterr().out
+    assert "  atlas: close: the other reading chooses conditioning=0.25 | conditioning=1.0; close points:" in out
+    assert "  lora: firm (close points that do not change it:" in out
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--close-se", "0"]) == 2
+    assert "--close-se 0.0: a number of standard errors > 0" in capsys.readouterr().err
