@@ -307,14 +307,14 @@ def skipped_return(run: PlannedRun) -> JobReturn:
 
 class JobExited(RuntimeError):
     """A sweep job whose entry point exited (`sys.exit`) instead of returning; `code` is its exit code
-    (`experiments.exit_codes`), its message was printed by the job."""
+    (`experiments.exit_codes`); the job printed why (on the console, or in its log for a parallel job)."""
 
     def __init__(self, code: Any) -> None:
         super().__init__(code)  # the code alone in `args`, so the error pickles back from a job's process
         self.code = code
 
     def __str__(self) -> str:
-        return f"the job exited with code {self.code} (message above)"
+        return f"the job exited with code {self.code} (its output says why)"
 
     @property
     def interrupted(self) -> bool:
