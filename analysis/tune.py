@@ -20,8 +20,8 @@ the knobs varied in the method's grid (`train.steps` -> `train: {steps: ...}`, a
 How firm a choice is (`stability`): a point's dev pass@1 and the levels are means over a finite set of problems,
 so a point within `z` standard errors of a level could fall on either side of it on a re-run (other float rounding,
 another seed) or on the test split. The rule is applied twice more, once with every such close point counted as
-reaching its level and once as not reaching it; a method whose chosen points differ between the two is `close`, and
-its alternative choice is named. Standard errors are binomial over problems, sqrt(p (1 - p) / (problems x seeds)),
+reaching its level and once as not reaching it; a method whose chosen points under either reading differ from the
+measured choice is `close`, and that other choice is named. Standard errors are binomial over problems, sqrt(p (1 - p) / (problems x seeds)),
 for the point and for the level (the share of the reference's and the base's errors), combined in quadrature.
 """
 
