@@ -163,7 +163,7 @@ def stability(df: pd.DataFrame, reference: "str | MT.Reference", n_points: int, 
             knobs = {k: _knobs(firsts, k, names, method) for k in rows}
             found.append(Stability(
                 method, other is not None,
-                tuple(f"{', '.join(f'{n}={v}' for n, v in knobs[k])} ({'; '.join(m)})" for k, m in margins.items()),
+                tuple(f"{knob_text(knobs[k])} ({'; '.join(m)})" for k, m in margins.items()),
                 tuple(knobs[k] for k in other) if other is not None else ()))
         out[group.key] = found
     return out
@@ -180,6 +180,11 @@ def _points(g: pd.DataFrame, method: str):
     varying = [c for c in knob_cols if firsts[c].astype(str).nunique() > 1]
     return ({r.sweep_key: r for r in points.itertuples()}, {c: c[len(schema.KNOB_PREFIX):] for c in varying},
             firsts)
+
+
+def knob_text(knobs: tuple[tuple[str, object], ...]) -> str:
+    """A point's knobs as `name=value, ...` (the printed tables)."""
+    return ", ".join(f"{name}={value}" for name, value in knobs)
 
 
 def _knobs(firsts: pd.DataFrame, key: str, names: dict, method: str) -> tuple[tuple[str, object], ...]:
@@ -294,7 +299,7 @@ def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix
 def choices_frame(choices: dict[tuple[str, str], list[Choice]]) -> pd.DataFrame:
     """The choices as a table (backbone, benchmark, method, role, knobs, dev pass@1, dev KL, seeds)."""
     rows = [{"backbone": bb, "benchmark": bench, "method": c.method, "role": c.role,
-             "knobs": ", ".join(f"{k}={v}" for k, v in c.knobs), "pass@1": c.pass1, "kl": c.kl, "n_seeds": c.n_seeds}
+             "knobs": knob_text(c.knobs), "pass@1": c.pass1, "kl": c.kl, "n_seeds": c.n_seeds}
             for (bb, bench), cs in choices.items() for c in cs]
     return pd.DataFrame(rows, columns=["backbone", "benchmark", "method", "role", "knobs", "pass@1", "kl", "n_seeds"])
 
@@ -303,7 +308,7 @@ def stability_frame(found: dict[tuple[str, str], list[Stability]]) -> pd.DataFra
     """The stability check as a table (backbone, benchmark, method, close, close_points, alternative)."""
     rows = [{"backbone": bb, "benchmark": bench, "method": st.method, "close": st.close,
              "close_points": "; ".join(st.close_points),
-             "alternative": " | ".join(", ".join(f"{k}={v}" for k, v in knobs) for knobs in st.alternative)}
+             "alternative": " | ".join(knob_text(knobs) for knobs in st.alternative)}
             for (bb, bench), sts in found.items() for st in sts]
     return pd.DataFrame(rows, columns=["backbone", "benchmark", "method", "close", "close_points", "alternative"])
 
