@@ -1,6 +1,7 @@
-"""The committed micro reproductions (docs/results/micro, its ablations, docs/results/micro_extended): each report is
-what `python -m analysis report` makes of its committed records, micro's records are the whole micro_main preset on
-the test split, and the ablation records give ATLAS and each variant the same single trained point."""
+"""The committed micro reproductions (docs/results/micro, its ablations and re-tune, docs/results/micro_extended):
+each report is what `python -m analysis report` makes of its committed records, micro's records are the whole
+micro_main preset on the test split, the ablation records give ATLAS and each variant the same single trained point,
+and the re-tune's records are micro_main's with only the two points the re-runs of micro_tune moved swapped."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from tests.conftest import REPO
 
 RESULTS = Path("docs/results/micro")
 ABLATIONS = RESULTS / "ablations"
+RETUNE = RESULTS / "retune"
+# method -> (knob, micro_main's point the re-runs of micro_tune dropped, the point they chose instead)
+RETUNE_SWAPS = {"atlas": ("conditioning", 0.25, 0.75), "corda": ("rank", 16, 4)}
 REFERENCE = "lora:train.steps=600"  # LoRA at its defaults, the point micro_main's levels are shares of
 SCALES = [0.25, 0.5, 0.75, 0.9]  # micro_main's post-hoc scales besides 1
 
@@ -26,7 +30,7 @@ def _records(folder: Path) -> tuple[list[dict], list[dict], list[dict]]:
     return records, trained, [r for r in records if r.get("scale", 1) != 1]
 
 
-@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (ABLATIONS, REFERENCE),
+@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (ABLATIONS, REFERENCE), (RETUNE, REFERENCE),
                                               (Path("docs/results/micro_extended"), "lora")])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, folder, reference):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -80,3 +84,30 @@ def test_committed_ablation_records_give_every_variant_atlas_s_point():
     for p in (REPO / ABLATIONS / "records").glob("*/record.json"):
         if json.loads(p.read_text())["method"] in {"base", "lora", "atlas"}:
             assert main.get(p.parent.name) == p.read_bytes(), p
+
+
+def test_committed_retune_records_are_micro_main_s_with_only_the_moved_points_swapped():
+    records, trained, scaled = _records(RETUNE)
+    _check_provenance(records)
+    main_records, _, _ = _records(RESULTS)
+    assert {r["provenance"]["git_sha"] for r in records} == {r["provenance"]["git_sha"] for r in main_records}
+    # The same budget as micro_main: 2 trained points x 3 seeds per method, each at every post-hoc scale.
+    assert Counter(r["method"] for r in trained) == Counter(
+        r["method"] for r in main_records if r.get("scale", 1) == 1)
+    assert Counter(r.get("scale", 1) for r in records) == Counter(r.get("scale", 1) for r in main_records)
+
+    def point(r):
+        knob = RETUNE_SWAPS.get(r["method"], (None,))[0]
+        return r["method"], float(r["knobs"][knob]) if knob else None
+
+    main = {p.relative_to(REPO / RESULTS / "records"): p.read_bytes()
+            for p in (REPO / RESULTS / "records").rglob("record.json")}
+    retune = {p.relative_to(REPO / RETUNE / "records"): p.read_bytes()
+              for p in (REPO / RETUNE / "records").rglob("record.json")}
+    kept = [path for path in retune if path in main]
+    assert all(retune[path] == main[path] for path in kept)  # byte for byte
+    dropped = Counter(point(json.loads(main[p])) for p in main if p not in retune)
+    added = Counter(point(json.loads(retune[p])) for p in retune if p not in main)
+    per_point = 3 * (1 + len(SCALES))  # 3 seeds, the trained run and its scales
+    assert dropped == {(m, float(old)): per_point for m, (_, old, _) in RETUNE_SWAPS.items()}
+    assert added == {(m, float(new)): per_point for m, (_, _, new) in RETUNE_SWAPS.items()}
