@@ -144,12 +144,12 @@ def _report(args, api) -> int:
 def _tune(args) -> int:
     from pathlib import Path
 
-    from analysis.tune import tune
+    from analysis.tune import threads_text, tune
 
     if not args.close_se > 0:
         print(f"error: --close-se {args.close_se}: a number of standard errors > 0", file=sys.stderr)
         return 2
-    frame, written, firm = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
+    frame, written, firm, threads = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
                                 Path(args.out) if args.out else None, args.prefix, args.close_se)
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"\nHow firm each choice is: points within {args.close_se:g} standard error(s) of a level (binomial over "
@@ -161,6 +161,12 @@ def _tune(args) -> int:
         else:
             print(f"  {row.method}: firm" + (f" (close points that do not change it: {row.close_points})"
                                               if row.close_points else ""))
+    if len(threads) > 1:
+        print(f"\nwarning: the dev records were trained with different intra-op thread counts ({threads_text(threads)}; "
+              "`cost.threads`): the same config rounds differently at each, which can move a choice near a level "
+              "(docs/slurm.md). Re-make them with one count.")
+    elif threads:
+        print(f"\nDev records trained with {threads_text(threads)}: re-make them that way to reproduce these choices.")
     for path in written:
         print(f"wrote {path}")
     return 0

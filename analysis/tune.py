@@ -256,8 +256,26 @@ def _default(method: str, knob: str):
     return values.get(key)
 
 
-def point_text(choice: Choice, level_text: str) -> str:
-    """The conf/point file of one chosen point."""
+def thread_counts(table: pd.DataFrame) -> dict[int, int]:
+    """Intra-op thread count -> how many records were trained with it (`cost.threads`; records from before that
+    field have none and are not counted). The count changes the order of float sums, so runs of one config made
+    with different counts differ by rounding that training amplifies (docs/slurm.md)."""
+    if "cost/threads" not in table.columns:
+        return {}
+    counts = table["cost/threads"].dropna().astype(int).value_counts().sort_index()
+    return {int(t): int(n) for t, n in counts.items()}
+
+
+def threads_text(counts: dict[int, int]) -> str:
+    """'2 intra-op thread(s)' for one count, '1 thread(s): 20 records, 2 thread(s): 13 records' for several."""
+    if len(counts) == 1:
+        return f"{next(iter(counts))} intra-op thread(s)"
+    return ", ".join(f"{t} thread(s): {n} records" for t, n in counts.items())
+
+
+def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None) -> str:
+    """The conf/point file of one chosen point; `threads` (from `thread_counts`) adds how the dev records were
+    trained, which a re-run must match to reproduce the choice exactly."""
     method_knobs = {k: v for k, v in choice.knobs if not k.startswith("train.")}
     train_knobs = {k[len("train."):]: v for k, v in choice.knobs if k.startswith("train.")}
 
@@ -268,6 +286,9 @@ def point_text(choice: Choice, level_text: str) -> str:
              f"# Chosen on the dev split by `python -m analysis tune` ({choice.role}: {level_text}): {choice.method} at "
              f"dev pass@1 {choice.pass1:.4f}, retained KL {choice.kl:.4f} (mean of {choice.n_seeds} seed(s)).",
              "defaults:", f"  - override /method: {choice.method}"]
+    if threads:
+        lines.insert(2, f"# Dev records trained with {threads_text(threads)} (`cost.threads`); other thread counts "
+                        "round differently and can choose otherwise near a level.")
     if method_knobs:
         lines.append(f"method: {block(method_knobs)}")
     if train_knobs:
@@ -275,7 +296,8 @@ def point_text(choice: Choice, level_text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix: str, level_text: str) -> list[Path]:
+def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix: str, level_text: str,
+                 threads: Optional[dict[int, int]] = None) -> list[Path]:
     """Write `<out>/<prefix>_<method>_<i>.yaml` for every choice (one dev group only); earlier files of this
     prefix that are not rewritten are removed, so a preset globbing `<prefix>_*` reads exactly these."""
     if len(choices) != 1:
@@ -287,7 +309,7 @@ def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix
         counts[choice.method] = counts.get(choice.method, 0) + 1
         path = out / f"{prefix}_{choice.method}_{counts[choice.method]}.yaml"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(point_text(choice, level_text))
+        tmp.write_text(point_text(choice, level_text, threads))
         tmp.replace(path)
         written.append(path)
     for stale in sorted(out.glob(f"{prefix}_*.yaml")):
@@ -315,9 +337,10 @@ def stability_frame(found: dict[tuple[str, str], list[Stability]]) -> pd.DataFra
 
 def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, high: float = 0.9,
          out: Optional[Path] = None, prefix: str = "micro_main",
-         z: float = 1.0) -> tuple[pd.DataFrame, list[Path], pd.DataFrame]:
+         z: float = 1.0) -> tuple[pd.DataFrame, list[Path], pd.DataFrame, dict[int, int]]:
     """Collect dev records from `dirs`, choose every method's points, and (with `out`) write their point files;
-    returns the choices, the files written and the stability check at `z` standard errors."""
+    returns the choices, the files written, the stability check at `z` standard errors and the records' intra-op
+    thread counts (`thread_counts`)."""
     from analysis.collect import collect
 
     table = collect(dirs).table
@@ -326,5 +349,7 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
     choices = choose_points(table, reference, n_points, low, high)
     level_text = (f"levels {low:g} and {high:g} of the dev gain of {MT.parse_reference(reference).spec} over the "
                   "base model")
-    written = write_points(choices, Path(out), prefix, level_text) if out is not None else []
-    return choices_frame(choices), written, stability_frame(stability(table, reference, n_points, low, high, z))
+    threads = thread_counts(table)
+    written = write_points(choices, Path(out), prefix, level_text, threads) if out is not None else []
+    return (choices_frame(choices), written, stability_frame(stability(table, reference, n_points, low, high, z)),
+            threads)

@@ -74,7 +74,9 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     out.mkdir()
     (out / "micro_main_olora_1.yaml").write_text("stale\n")
     (out / "micro_lora_s300.yaml").write_text("kept: other prefix\n")
-    frame, written, _ = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out, prefix="micro_main")
+    frame, written, _, threads = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out,
+                                      prefix="micro_main")
+    assert threads == {}  # these records carry no `cost.threads`: the files say nothing about it
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
@@ -89,6 +91,34 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     assert list(frame["role"]).count("high") == 1 and list(frame["role"]).count("reference") == 1
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
     assert "points 0: at least 1" in capsys.readouterr().err
+
+
+def test_point_files_say_which_thread_count_made_the_dev_records_and_a_mix_is_warned_about(tmp_path, capsys):
+    def with_threads(counts):
+        recs = dev_records()
+        for i, rec in enumerate(recs):
+            rec["cost"] = {**(rec.get("cost") or {}), "threads": counts[i % len(counts)]}
+        return recs
+
+    for rec in with_threads([2]):
+        write(tmp_path / "two" / "runs", rec)
+    out = tmp_path / "two" / "point"
+    assert main(["tune", str(tmp_path / "two" / "runs"), "--reference", "lora:train.steps=600", "--points", "2",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Dev records trained with 2 intra-op thread(s): re-make them that way" in printed
+    assert "warning" not in printed
+    text = (out / "micro_main_atlas_1.yaml").read_text()
+    assert "# Dev records trained with 2 intra-op thread(s) (`cost.threads`)" in text
+    assert yaml.safe_load(text)["method"] == {"conditioning": 1.0}  # a comment: the point itself is unchanged
+
+    recs = with_threads([1, 2])
+    for rec in recs:
+        write(tmp_path / "mixed", rec)
+    ones = sum(r["cost"]["threads"] == 1 for r in recs)
+    assert main(["tune", str(tmp_path / "mixed"), "--reference", "lora:train.steps=600", "--points", "2"]) == 0
+    assert (f"warning: the dev records were trained with different intra-op thread counts (1 thread(s): {ones} "
+            f"records, 2 thread(s): {len(recs) - ones} records; `cost.threads`)") in capsys.readouterr().out
 
 
 def test_stability_names_the_methods_whose_choice_hangs_on_points_within_their_error_of_a_level(tmp_path, capsys):
