@@ -144,7 +144,8 @@ def _report(args, api) -> int:
 def _tune(args) -> int:
     from pathlib import Path
 
-    from analysis.tune import threads_text, tune
+    from analysis.collect import threads_text
+    from analysis.tune import tune
 
     if not args.close_se > 0:
         print(f"error: --close-se {args.close_se}: a number of standard errors > 0", file=sys.stderr)

@@ -350,6 +350,23 @@ def make_table(rows: Iterable[dict]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def thread_counts(table: pd.DataFrame) -> dict[int, int]:
+    """Intra-op thread count -> how many rows of a record table were trained with it (`cost.threads`; records from
+    before that field have none and are not counted). The count changes the order of float sums, so runs of one
+    config made with different counts differ by rounding that training amplifies (docs/slurm.md)."""
+    if "cost/threads" not in table.columns:
+        return {}
+    counts = table["cost/threads"].dropna().astype(int).value_counts().sort_index()
+    return {int(t): int(n) for t, n in counts.items()}
+
+
+def threads_text(counts: dict[int, int], unit: str = "records") -> str:
+    """'2 intra-op thread(s)' for one count, '1 thread(s): 20 records, 2 thread(s): 13 records' for several."""
+    if len(counts) == 1:
+        return f"{next(iter(counts))} intra-op thread(s)"
+    return ", ".join(f"{t} thread(s): {n} {unit}" for t, n in counts.items())
+
+
 def _column_for_file(series: pd.Series) -> pd.Series:
     """An object column with mixed value types as text (parquet stores one type per column)."""
     if series.dtype != object:

@@ -21,7 +21,7 @@ from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, render
 from analysis.analyze import Analysis, analyze
-from analysis.collect import Collection, collect
+from analysis.collect import Collection, collect, thread_counts, threads_text
 from analysis.tables import all_tables, group_label
 
 INDEX = "index.md"
@@ -106,12 +106,11 @@ def warnings_of(a: Analysis) -> list[str]:
     if len(versions) > 1:
         out.append(f"the runs come from {len(versions)} code versions (see Code versions): a table may compare "
                    "numbers computed by different code.")
-    if "cost/threads" in runs.columns:  # records from before `cost.threads` have none: they are not counted
-        threads = runs["cost/threads"].dropna().astype(int).value_counts().sort_index()
-        if len(threads) > 1:
-            counts = ", ".join(f"{int(t)} thread(s): {int(n)} runs" for t, n in threads.items())
-            out.append(f"the runs were trained with different intra-op thread counts ({counts}; `cost.threads`): "
-                       "float sums differ in order between them, so equal configs give slightly different numbers.")
+    threads = thread_counts(runs)
+    if len(threads) > 1:
+        out.append(f"the runs were trained with different intra-op thread counts ({threads_text(threads, 'runs')}; "
+                   "`cost.threads`): float sums differ in order between them, so equal configs give slightly "
+                   "different numbers.")
     if "config_key" in runs.columns:
         n_cfg = runs.groupby("sweep_key")["config_key"].nunique()
         for key in sorted(n_cfg[n_cfg > 1].index):

@@ -38,6 +38,7 @@ import yaml
 from analysis import matched as MT
 from analysis import methods as M
 from analysis import schema
+from analysis.collect import collect, thread_counts, threads_text
 from analysis.pareto import per_seed
 
 TRAIN_PREFIX = f"{schema.KNOB_PREFIX}train."
@@ -256,23 +257,6 @@ def _default(method: str, knob: str):
     return values.get(key)
 
 
-def thread_counts(table: pd.DataFrame) -> dict[int, int]:
-    """Intra-op thread count -> how many records were trained with it (`cost.threads`; records from before that
-    field have none and are not counted). The count changes the order of float sums, so runs of one config made
-    with different counts differ by rounding that training amplifies (docs/slurm.md)."""
-    if "cost/threads" not in table.columns:
-        return {}
-    counts = table["cost/threads"].dropna().astype(int).value_counts().sort_index()
-    return {int(t): int(n) for t, n in counts.items()}
-
-
-def threads_text(counts: dict[int, int]) -> str:
-    """'2 intra-op thread(s)' for one count, '1 thread(s): 20 records, 2 thread(s): 13 records' for several."""
-    if len(counts) == 1:
-        return f"{next(iter(counts))} intra-op thread(s)"
-    return ", ".join(f"{t} thread(s): {n} records" for t, n in counts.items())
-
-
 def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None) -> str:
     """The conf/point file of one chosen point; `threads` (from `thread_counts`) adds how the dev records were
     trained, which a re-run must match to reproduce the choice exactly."""
@@ -341,8 +325,6 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
     """Collect dev records from `dirs`, choose every method's points, and (with `out`) write their point files;
     returns the choices, the files written, the stability check at `z` standard errors and the records' intra-op
     thread counts (`thread_counts`)."""
-    from analysis.collect import collect
-
     table = collect(dirs).table
     if table.empty:
         raise ValueError(f"no complete records under {list(dirs)}")
