@@ -22,6 +22,10 @@ GATE_SIGNALS = ("distance", "subspace")
 #: calibration tokens, slope 1; `logistic` = a class-balanced logistic regression of retained (0) vs target (1)
 #: calibration tokens on log s(x), so g(x) is the fitted probability that x is a target input.
 GATE_FITS = ("quantile", "logistic")
+#: Which calibration tokens each center's filter is fitted on: `kmeans` = its k-means cluster (nearest center by
+#: plain distance), `assigned` = the tokens the layer assigns to it (nearest by the normalised distance
+#: ||x - c_k||^2 / sigma_k^2, `atlas.layer`), i.e. the tokens the filter will be applied to.
+FILTER_MEMBERS = ("kmeans", "assigned")
 #: A cluster's sigma^2 is at least this share of the site's mean squared distance to the nearest center: a
 #: cluster of (nearly) identical calibration inputs, e.g. a template position, would otherwise get sigma^2 ~ 1e-11
 #: and turn any other input assigned to it into an astronomically large distance.
@@ -37,6 +41,9 @@ class SiteAtlas:
     ranks: (K,) filter rank of each cluster; log_q: the gate's threshold on log s(x) (g = 1/2 there);
     gate_slope: the gate's slope on log s(x) (1 for a quantile gate, fitted for a logistic one):
     g(x) = sigmoid(gate_slope * (log s(x) - log_q) / T).
+    basis, coefs: with a shared filter basis (`filter_basis` P), the site's (d, P) orthonormal basis V and each
+    cluster's (K, P, R) coordinates W_k in it; then U_k = V W_k, and `filters` is that product in the atlas's
+    dtype (`with_basis`), so what is stored (V, W) and what is computed agree exactly. None without a basis.
     """
 
     centers: torch.Tensor
@@ -45,10 +52,24 @@ class SiteAtlas:
     ranks: torch.Tensor
     log_q: torch.Tensor
     gate_slope: torch.Tensor = None  # type: ignore[assignment]
+    basis: Optional[torch.Tensor] = None
+    coefs: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         if self.gate_slope is None:
             self.gate_slope = torch.tensor(1.0)
+        if (self.basis is None) != (self.coefs is None):
+            raise ValueError("a shared filter basis needs both `basis` (d, P) and `coefs` (K, P, R)")
+
+    @staticmethod
+    def basis_filters(basis: torch.Tensor, coefs: torch.Tensor) -> torch.Tensor:
+        """(K, d, R) filters U_k = V W_k from a (d, P) basis and (K, P, R) coordinates, in float32, cast to their dtype."""
+        return torch.einsum("dp,kpr->kdr", basis.float(), coefs.float()).to(coefs.dtype)
+
+    @property
+    def filter_basis(self) -> Optional[int]:
+        """P, the width of the shared filter basis; None when each filter spans the full input space."""
+        return None if self.basis is None else self.basis.shape[1]
 
     @property
     def num_centers(self) -> int:
@@ -76,10 +97,13 @@ class SiteAtlas:
         raise ValueError(f"gate signal {kind!r}: one of {list(GATE_SIGNALS)}")
 
     def nbytes(self) -> int:
-        """Bytes of the stored tensors (filters counted at their true ranks, as they could be stored packed)."""
+        """Bytes of the stored tensors (filters counted at their true ranks, as they could be stored packed: d values
+        per filter column, or with a shared basis the basis's d P values plus P per filter column)."""
         per = self.centers.element_size()
         d = self.centers.shape[1]
-        return per * (self.centers.numel() + self.sigma2.numel() + d * int(self.ranks.sum()) + 2) + 4 * self.ranks.numel()
+        width = d if self.basis is None else self.basis.shape[1]
+        filters = width * int(self.ranks.sum()) + (0 if self.basis is None else self.basis.numel())
+        return per * (self.centers.numel() + self.sigma2.numel() + filters + 2) + 4 * self.ranks.numel()
 
 
 def _radii(x: torch.Tensor, centers: torch.Tensor, assign: torch.Tensor) -> torch.Tensor:
@@ -93,13 +117,38 @@ def _radii(x: torch.Tensor, centers: torch.Tensor, assign: torch.Tensor) -> torc
 
 
 def _filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    d = x.shape[1]
     bases = [second_moment_basis(x[assign == j], energy, max_rank) for j in range(k)]
-    width = max(1, max(b.shape[1] for b in bases))
-    filters = torch.zeros(k, d, width, dtype=x.dtype, device=x.device)
+    return _stack(bases, x.shape[1], x), torch.tensor([b.shape[1] for b in bases], dtype=torch.int32, device=x.device)
+
+
+def _stack(bases: list[torch.Tensor], rows: int, like: torch.Tensor) -> torch.Tensor:
+    """(K, rows, max rank) of per-cluster column blocks, zero-padded past each block's width (at least 1 wide)."""
+    out = torch.zeros(len(bases), rows, max(1, max(b.shape[1] for b in bases)), dtype=like.dtype, device=like.device)
     for j, b in enumerate(bases):
-        filters[j, :, : b.shape[1]] = b
-    return filters, torch.tensor([b.shape[1] for b in bases], dtype=torch.int32, device=x.device)
+        out[j, :, : b.shape[1]] = b
+    return out
+
+
+def _basis_filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float, max_rank: int,
+                   width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Filters inside one shared basis: V = the top `width` directions of the site's uncentered second moment
+    (all its calibration inputs), and per cluster the top directions of its members' second moment within V,
+    the fewest that reach `energy` of the members' whole energy (not only of its part in V), at most `max_rank`.
+    Returns (V (d, P), W (K, P, R), ranks (K,)); U_k = V W_k is orthonormal."""
+    basis = second_moment_basis(x, 1.0, width)
+    coords = []
+    for j in range(k):
+        members = x[assign == j]
+        total = members.square().sum()
+        if not len(members) or total <= 0:
+            coords.append(basis.new_zeros(basis.shape[1], 0))
+            continue
+        _, s, vh = torch.linalg.svd(members @ basis, full_matrices=False)
+        frac = torch.cumsum(s.square(), 0) / total
+        r = int(torch.searchsorted(frac, torch.tensor(energy, dtype=frac.dtype)).item()) + 1
+        coords.append(vh[: min(r, len(s), max_rank)].T.contiguous())
+    ranks = torch.tensor([c.shape[1] for c in coords], dtype=torch.int32, device=x.device)
+    return basis, _stack(coords, basis.shape[1], x), ranks
 
 
 def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float, signal: str = "distance") -> torch.Tensor:
@@ -159,14 +208,27 @@ def build_site_atlas(
     gate_signal: str = "distance",
     gate_fit: str = "quantile",
     target: Optional[torch.Tensor] = None,
+    filter_basis: Optional[int] = None,
+    filter_members: str = "kmeans",
 ) -> SiteAtlas:
-    """The atlas of one site from its (n, d) retained calibration inputs (k-means++, radii, filters) and its
-    gate calibrated by `gate_fit` (`target`: (m, d) target calibration inputs, for the logistic fit)."""
+    """The atlas of one site from its (n, d) retained calibration inputs (k-means++, radii, filters, each in the
+    full input space or, with `filter_basis` P, inside the site's shared top-P basis, fitted on the members
+    `filter_members` names) and its gate calibrated by `gate_fit` (`target`: (m, d) target calibration inputs,
+    for the logistic fit)."""
+    if filter_members not in FILTER_MEMBERS:
+        raise ValueError(f"filter_members {filter_members!r}: one of {list(FILTER_MEMBERS)}")
     x = x.float()
     centers, assign = kmeans(x, num_centers, seed)
     sigma2 = _radii(x, centers, assign)
-    filters, ranks = _filters(x, assign, centers.shape[0], filter_energy, filter_rank)
-    site = SiteAtlas(centers, sigma2, filters, ranks, torch.tensor(0.0, device=x.device))
+    if filter_members == "assigned":
+        assign = nearest_centers(x, WeightedCenters(centers, 1.0 / sigma2.clamp_min(EPS)))
+    zero = torch.tensor(0.0, device=x.device)
+    if filter_basis is None:
+        filters, ranks = _filters(x, assign, centers.shape[0], filter_energy, filter_rank)
+        site = SiteAtlas(centers, sigma2, filters, ranks, zero)
+    else:
+        basis, coefs, ranks = _basis_filters(x, assign, centers.shape[0], filter_energy, filter_rank, filter_basis)
+        site = SiteAtlas(centers, sigma2, SiteAtlas.basis_filters(basis, coefs), ranks, zero, basis=basis, coefs=coefs)
     calibrate_gate(site, x, None if target is None else target.float(), gate_fit, gate_quantile, gate_signal)
     return cast(site, dtype) if dtype is not None else site
 
@@ -184,25 +246,39 @@ def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: floa
     assign = pairwise_sq_dists(x, centers).argmin(1)
     sigma2 = _radii(x, centers, assign)
     width = reference.filters.shape[2]
-    filters = torch.zeros(k, d, width, device=x.device)
+    # With a shared basis the control is random in the same form: a random basis, random coordinates in it.
+    space = d if reference.basis is None else reference.basis.shape[1]
+    blocks = torch.zeros(k, space, width, device=x.device)
     for j in range(k):
         r = int(reference.ranks[j])
         if r:
-            q, _ = torch.linalg.qr(torch.randn(d, r, generator=g).to(x.device))
-            filters[j, :, :r] = q
-    site = SiteAtlas(centers, sigma2, filters, reference.ranks.clone(), torch.tensor(0.0, device=x.device))
+            q, _ = torch.linalg.qr(torch.randn(space, r, generator=g).to(x.device))
+            blocks[j, :, :r] = q
+    zero = torch.tensor(0.0, device=x.device)
+    if reference.basis is None:
+        site = SiteAtlas(centers, sigma2, blocks, reference.ranks.clone(), zero)
+    else:
+        basis, _ = torch.linalg.qr(torch.randn(d, space, generator=g).to(x.device))
+        site = SiteAtlas(centers, sigma2, SiteAtlas.basis_filters(basis, blocks), reference.ranks.clone(), zero,
+                         basis=basis, coefs=blocks)
     calibrate_gate(site, x, None if target is None else target.float(), gate_fit, gate_quantile, gate_signal)
     return cast(site, reference.centers.dtype)
 
 
 def cast(site: SiteAtlas, dtype: torch.dtype) -> SiteAtlas:
-    """The same atlas with its floating tensors in `dtype` (log_q and gate_slope stay float32)."""
-    return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), site.filters.to(dtype), site.ranks, site.log_q.float(),
-                     site.gate_slope.float())
+    """The same atlas with its floating tensors in `dtype` (log_q and gate_slope stay float32; with a shared basis
+    the filters are recomputed from the cast V and W, as `load_atlas` will compute them)."""
+    if site.basis is None:
+        return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), site.filters.to(dtype), site.ranks,
+                         site.log_q.float(), site.gate_slope.float())
+    basis, coefs = site.basis.to(dtype), site.coefs.to(dtype)
+    return SiteAtlas(site.centers.to(dtype), site.sigma2.to(dtype), SiteAtlas.basis_filters(basis, coefs), site.ranks,
+                     site.log_q.float(), site.gate_slope.float(), basis=basis, coefs=coefs)
 
 
 def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
-    """Write every site's tensors to one safetensors file (filters packed to their true ranks); return bytes."""
+    """Write every site's tensors to one safetensors file (filters packed to their true ranks: the columns of U_k,
+    or with a shared basis V once and each cluster's coordinates W_k); return bytes."""
     from safetensors.torch import save_file
 
     tensors = {}
@@ -212,10 +288,15 @@ def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
         tensors[f"{name}/ranks"] = s.ranks.contiguous()
         tensors[f"{name}/log_q"] = s.log_q.reshape(1).contiguous()
         tensors[f"{name}/gate_slope"] = s.gate_slope.float().reshape(1).contiguous()
+        if s.basis is not None:
+            tensors[f"{name}/basis"] = s.basis.contiguous()
         for j in range(s.num_centers):
             r = int(s.ranks[j])
             if r:
-                tensors[f"{name}/filter.{j}"] = s.filters[j, :, :r].contiguous()
+                if s.basis is None:
+                    tensors[f"{name}/filter.{j}"] = s.filters[j, :, :r].contiguous()
+                else:
+                    tensors[f"{name}/coefs.{j}"] = s.coefs[j, :, :r].contiguous()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -238,12 +319,17 @@ def load_atlas(path: Path) -> tuple[dict[str, SiteAtlas], dict]:
         centers, ranks = raw[f"{name}/centers"], raw[f"{name}/ranks"]
         k, d = centers.shape
         width = max(1, int(ranks.max()))
-        filters = torch.zeros(k, d, width, dtype=centers.dtype)
+        basis = raw.get(f"{name}/basis")
+        blocks = torch.zeros(k, d if basis is None else basis.shape[1], width, dtype=centers.dtype)
         for j in range(k):
             r = int(ranks[j])
             if r:
-                filters[j, :, :r] = raw[f"{name}/filter.{j}"]
+                blocks[j, :, :r] = raw[f"{name}/filter.{j}" if basis is None else f"{name}/coefs.{j}"]
         slope = raw.get(f"{name}/gate_slope", torch.ones(1))  # atlases written before the fitted gate: slope 1
-        out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], filters, ranks, raw[f"{name}/log_q"].reshape(()),
-                              slope.reshape(()))
+        log_q = raw[f"{name}/log_q"].reshape(())
+        if basis is None:
+            out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], blocks, ranks, log_q, slope.reshape(()))
+        else:
+            out[name] = SiteAtlas(centers, raw[f"{name}/sigma2"], SiteAtlas.basis_filters(basis, blocks), ranks, log_q,
+                                  slope.reshape(()), basis=basis, coefs=blocks)
     return out, meta

@@ -58,7 +58,7 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
     xf = x.float()
     energy = xf.square().sum(1).clamp_min(1e-30)
     if site.use_filter:
-        coords = (xf @ site.filter_cols.float()).view(len(x), site.centers.shape[0], -1)  # (n, K, R): U_k^T x
+        coords = site.filter_coords(xf).view(len(x), site.centers.shape[0], -1)  # (n, K, R): U_k^T x
         kept = coords[torch.arange(len(x), device=x.device), kstar]  # (n, R): the assigned cluster's
         passed = (energy - kept.square().sum(1)).clamp_min(0.0) / energy
     else:

@@ -2,14 +2,16 @@
 
     python -m atlas.footprint --backbone qwen3-8b            # defaults from conf/method/atlas.yaml
     python -m atlas.footprint --backbone qwen3-8b --num-centers 8 --filter-rank 2
+    python -m atlas.footprint --backbone qwen3-8b --filter-basis 32     # filters inside a shared top-32 basis
 
 Counts (per decoder layer, times the number of layers):
 - LoRA adapter: r * (d_in + d_out) per adapted module.
 - Atlas, per site (one distinct input, width d): K * d centers + K radii + d * sum_k r_k filter
-  columns + 1 gate quantile; the bound uses r_k = filter_rank for every cluster.
+  columns + 1 gate quantile; the bound uses r_k = filter_rank for every cluster. With a shared filter
+  basis of width P (`filter_basis`) the filter columns are d * P for the basis + P * sum_k r_k.
 - Extra FLOPs per token over LoRA (a multiply-add = 2 FLOPs), as `atlas.layer` computes them:
-  distances 2 K d per site, filter coordinates U_k^T x for every k 2 K d R per site, and per module
-  the correction sum_k w_k (A U_k)(U_k^T x): 2 K R r.
+  distances 2 K d per site, filter coordinates U_k^T x for every k 2 K d R per site (with a basis
+  2 d P + 2 P K R), and per module the correction sum_k w_k (A U_k)(U_k^T x): 2 K R r.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def footprint(
     target_modules: Sequence[str] = ALL_MODULES,
     bytes_per_value: int = 2,
     mean_filter_rank: Optional[float] = None,
+    filter_basis: Optional[int] = None,
 ) -> dict:
     """Parameter counts, bytes and extra FLOPs/token of atlas + adapter vs a LoRA adapter of the same rank."""
     mods = module_shapes(shapes)
@@ -58,8 +61,13 @@ def footprint(
         if not members:
             continue
         d = mods[members[0]][0]
-        atlas += k * d + k + d * k * r_bar + 1
-        flops_sites += 2 * k * d + 2 * k * d * filter_rank
+        if filter_basis is None:
+            atlas += k * d + k + d * k * r_bar + 1
+            flops_sites += 2 * k * d + 2 * k * d * filter_rank
+        else:
+            p = min(filter_basis, d)
+            atlas += k * d + k + d * p + p * k * r_bar + 1
+            flops_sites += 2 * k * d + 2 * d * p + 2 * p * k * filter_rank
         flops_mods += len(members) * 2 * k * filter_rank * rank
     lora_flops = sum(2 * rank * (mods[m][0] + mods[m][1]) for m in targets)
     base_flops = sum(2 * mods[m][0] * mods[m][1] for m in ALL_MODULES)
@@ -87,15 +95,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--num-centers", type=int, default=defaults.num_centers)
     ap.add_argument("--filter-rank", type=int, default=defaults.filter_rank)
     ap.add_argument("--mean-filter-rank", type=float, default=None, help="measured mean r_k (default: the cap)")
+    ap.add_argument("--filter-basis", type=int, default=defaults.filter_basis,
+                    help="width P of a shared filter basis (default: conf/method/atlas.yaml's; none = full-space filters)")
     ap.add_argument("--bytes", type=int, default=2, help="bytes per stored value (bf16 = 2)")
     args = ap.parse_args(argv)
     cfg = OmegaConf.load(REPO / "conf" / "backbone" / f"{args.backbone}.yaml")
     if "shapes" not in cfg:
         raise SystemExit(f"error: backbone {args.backbone!r} has no `shapes` in conf/backbone/{args.backbone}.yaml")
     result = footprint(OmegaConf.to_container(cfg.shapes), args.rank, args.num_centers, args.filter_rank,
-                       list(cfg.target_modules), args.bytes, args.mean_filter_rank)
+                       list(cfg.target_modules), args.bytes, args.mean_filter_rank, args.filter_basis)
     print(json.dumps({"backbone": args.backbone, "rank": args.rank, "num_centers": args.num_centers,
-                      "filter_rank": args.filter_rank, **result}, indent=2))
+                      "filter_rank": args.filter_rank, "filter_basis": args.filter_basis, **result}, indent=2))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ How it is computed (docs/method.md). Per site (the modules reading one tensor sh
   every delta_k exactly from the differences (torch.cdist without the |x|^2 - 2 x.c + |c|^2 expansion, which
   cancels catastrophically in float32 for tight clusters far from the origin) for soft assignment, and delta_k*
   from its difference for the distance gate (tests cover degenerate and near-degenerate clusters in float64);
-- all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R),
-  times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
+- all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R) (with a shared
+  filter basis V, U_k = V W_k: (x V) W, two matmuls of d P + P K R per row), times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
   z = (w_k U_k^T x)_k, flattened to (n, K R).
 - the gate statistic s(x): `distance` = min_k delta_k(x), or `subspace` (the default) = the share of x's
   energy outside its nearest center's filter, 1 - ||U_k*^T x||^2 / ||x||^2, from the same coordinates;
@@ -64,6 +64,11 @@ class AtlasSite(nn.Module):
         k, d = site.centers.shape
         self.register_buffer("filter_cols", site.filters.permute(1, 0, 2).reshape(d, -1).contiguous(),
                              persistent=False)  # (d, K R): column k * R + j is U_k[:, j]
+        # With a shared filter basis V (d, P) the coordinates are (x V) W: two products of d P + P K R per row
+        # instead of one of d K R.
+        self.register_buffer("basis", None if site.basis is None else site.basis.clone(), persistent=False)
+        self.register_buffer("coef_cols", None if site.coefs is None else
+                             site.coefs.permute(1, 0, 2).reshape(site.coefs.shape[1], -1).contiguous(), persistent=False)
         self.register_buffer("center_ids", torch.arange(k, device=site.centers.device), persistent=False)
         self.assign, self.use_gate, self.use_filter = assign, use_gate, use_filter
         self.gate_temperature, self.assign_temperature = gate_temperature, assign_temperature
@@ -83,6 +88,12 @@ class AtlasSite(nn.Module):
         if self._prepared is None or self._prepared[0] != key:
             self._prepared = (key, WeightedCenters(self.centers, self.inv_sigma2))
         return nearest_centers(flat, self._prepared[1])
+
+    def filter_coords(self, flat: torch.Tensor) -> torch.Tensor:
+        """(n, K R) U_k^T x of the rows of `flat` for every k, center-major, in `flat`'s dtype."""
+        if self.basis is None:
+            return flat @ self.filter_cols.to(flat.dtype)
+        return (flat @ self.basis.to(flat.dtype)) @ self.coef_cols.to(flat.dtype)
 
     def condition(self, x: torch.Tensor):
         if self._last is not None and self._last[0]() is x:
@@ -105,7 +116,7 @@ class AtlasSite(nn.Module):
         gate = weights = z = None
         coords = onehot = None
         if self.use_filter or (self.use_gate and self.gate_signal == "subspace"):
-            coords = (flat @ self.filter_cols.to(flat.dtype)).view(n, k, -1)  # (n, K, R): U_k^T x for every k
+            coords = self.filter_coords(flat).view(n, k, -1)  # (n, K, R): U_k^T x for every k
             onehot = (kstar.unsqueeze(1) == self.center_ids).to(flat.dtype)  # (n, K)
             kept = coords * onehot.unsqueeze(2)  # U_k*^T x in block k*, zeros elsewhere
         if self.use_gate:

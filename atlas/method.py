@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from atlas.atlas import GATE_FITS, GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
+from atlas.atlas import FILTER_MEMBERS, GATE_FITS, GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
@@ -27,7 +27,9 @@ ADAPTER_FILE = "adapter.safetensors"
 class ATLASParams(AdapterParams, SiteStatisticsParams):
     """ATLAS's hyperparameters (docs/method.md): the residual's rank and alpha (s = alpha / r), the atlas
     (`num_centers` K per site from `max_tokens` calibration tokens, filters keeping `filter_energy` of the
-    energy up to `filter_rank` directions), the gate (the statistic `gate_signal`, its calibration quantile
+    energy up to `filter_rank` directions, each in the full input space or, with `filter_basis` P, inside the site's
+    shared top-P directions, fitted on the center's k-means cluster or on the tokens the layer assigns to it,
+    `filter_members`), the gate (the statistic `gate_signal`, its calibration quantile
     `gate_quantile` q, `gate_temperature` T, and how its threshold and slope are set, `gate_fit`: quantile of
     the retained signal or a logistic fit of retained vs target), the calibration tokens' split over the retained
     domains (`balance_domains`: an equal share per domain instead of their share of the tokens), how much the
@@ -40,6 +42,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     num_centers: int
     filter_energy: float
     filter_rank: int
+    filter_basis: Optional[int]
+    filter_members: str
     gate_quantile: float
     gate_temperature: float
     gate_signal: str
@@ -54,7 +58,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     atlas_seed: Optional[int]
 
     #: What an export written before these fields existed was built with (`Method.read_params`).
-    EXPORT_DEFAULTS = {"gate_fit": "quantile", "balance_domains": False}
+    EXPORT_DEFAULTS = {"gate_fit": "quantile", "balance_domains": False, "filter_basis": None,
+                       "filter_members": "kmeans"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +69,10 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
         require("max_tokens", self.max_tokens, self.max_tokens >= self.num_centers, "an integer >= num_centers")
         require("filter_energy", self.filter_energy, 0.0 < self.filter_energy <= 1.0, "in (0, 1]")
         require("filter_rank", self.filter_rank, is_int(self.filter_rank) and self.filter_rank >= 1, "an integer >= 1")
+        require("filter_basis", self.filter_basis, self.filter_basis is None or
+                (is_int(self.filter_basis) and self.filter_basis >= 1), "null or an integer >= 1")
+        require("filter_members", self.filter_members, self.filter_members in FILTER_MEMBERS,
+                f"one of {list(FILTER_MEMBERS)}")
         require("gate_quantile", self.gate_quantile, 0.0 < self.gate_quantile < 1.0, "in (0, 1)")
         require("gate_temperature", self.gate_temperature, self.gate_temperature > 0, "> 0")
         require("gate_signal", self.gate_signal, self.gate_signal in GATE_SIGNALS, f"one of {list(GATE_SIGNALS)}")
@@ -149,7 +158,8 @@ class ATLAS(Method):
             t = targets[site.name].to(ctx.device) if targets else None
             gate = dict(gate_signal=p.gate_signal, gate_fit=p.gate_fit, target=t)
             real = build_site_atlas(x, p.num_centers, p.filter_energy, p.filter_rank, p.gate_quantile,
-                                    seed * 1009 + i, dtype, **gate)
+                                    seed * 1009 + i, dtype, filter_basis=p.filter_basis,
+                                    filter_members=p.filter_members, **gate)
             atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919, **gate) \
                 if p.source == "random" else real
         return atlas

@@ -291,8 +291,14 @@ def add_lora(model: torch.nn.Module, bb: Backbone, seed: int, **overrides):
 
 def atlas_dir(bb: Backbone, st: Settings, hp: dict) -> Path:
     key = (f"{bb.name}-L{bb.shapes['num_hidden_layers']}-{str(bb.dtype).replace('torch.', '')}-{bb.device.type}"
-           f"-K{hp['num_centers']}-R{hp['filter_rank']}-e{hp['filter_energy']}-t{hp['max_tokens']}-s{st.seed}")
+           f"-K{hp['num_centers']}-R{hp['filter_rank']}-e{hp['filter_energy']}-t{hp['max_tokens']}-s{st.seed}"
+           f"-P{hp['filter_basis']}-{hp['filter_members']}")
     return st.atlas_cache / key
+
+
+#: The `atlas_basis` variant of the step and decoding benchmarks: filters fitted on the tokens the layer assigns, inside
+#: a shared top-32 basis per site (docs/method.md, "Filter members and a shared filter basis").
+BASIS_OPTIONS = {"filter_basis": 32, "filter_members": "assigned"}
 
 
 def add_atlas(model: torch.nn.Module, bb: Backbone, st: Settings, **overrides):

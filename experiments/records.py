@@ -54,18 +54,36 @@ PRESENTATION_KEYS = (
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 
+#: Keys added after runs were recorded, each with the value that computes what runs did before the key existed: at
+#: that value the key is left out of the run id, so those runs keep their ids (and their records are found).
+LATER_KEYS = {
+    "method.filter_basis": None,  # ATLAS's filters each in the full input space
+    "method.filter_members": "kmeans",  # ATLAS's filters fitted on the k-means clusters
+}
+
+
+def _parent(cfg: dict, dotted: str) -> tuple[Any, str]:
+    node: Any = cfg
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            break
+    return node, parts[-1]
+
+
 def scientific_config(cfg: dict) -> dict:
-    """A copy of a resolved config mapping without the presentation keys."""
+    """A copy of a resolved config mapping without the presentation keys, and without each of `LATER_KEYS` that has
+    its earlier behaviour's value."""
     out = copy.deepcopy(cfg)
     for dotted in PRESENTATION_KEYS:
-        node = out
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                break
+        node, leaf = _parent(out, dotted)
         if isinstance(node, dict):
-            node.pop(parts[-1], None)
+            node.pop(leaf, None)
+    for dotted, earlier in LATER_KEYS.items():
+        node, leaf = _parent(out, dotted)
+        if isinstance(node, dict) and leaf in node and node[leaf] == earlier:
+            node.pop(leaf)
     return out
 
 

@@ -225,3 +225,26 @@ def test_micro_run_ids_are_unchanged():
         now[preset] = {" ".join(sorted(o for o in job if not o.startswith("+experiment="))): run_id
                        for job, run_id in zip(preset_jobs, run_ids_of(preset_jobs))}
     assert now == golden
+
+
+def test_a_key_added_later_changes_the_run_id_only_away_from_its_earlier_behaviour():
+    """`records.LATER_KEYS`: ATLAS's `filter_basis: null` and `filter_members: kmeans` compute what runs did before
+    the keys existed, so they leave the run id as it was (the default run's id in the fixture is that of a
+    config without them); any other value is another run."""
+    import json
+
+    from experiments import records
+
+    golden = json.loads((REPO / "tests/experiments/fixtures/micro_run_ids.json").read_text())
+    plain = run_ids_of([[]])[0]
+    assert plain == golden["defaults"]["(no overrides)"]
+    (cfg,) = configs_of([["method.filter_basis=null", "method.filter_members=kmeans"]])
+    assert run_id_for(cfg) == plain
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert {"filter_basis", "filter_members"} <= set(data["method"])
+    assert not {"filter_basis", "filter_members"} & set(records.scientific_config(data)["method"])
+    others = run_ids_of([["method.filter_basis=32"], ["method.filter_members=assigned"],
+                         ["method.filter_basis=32", "method.filter_members=assigned"]])
+    assert len({plain, *others}) == 4
