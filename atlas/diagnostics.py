@@ -15,7 +15,10 @@ Per site (the modules reading one tensor share its atlas):
   scores higher than a random retained one (0.5 = no separation, 1 = perfect), for the gate (whatever its
   `gate_signal`), log delta(x), the filter's pass share and the residual's relative norm;
 - `rank_mean`, `at_cap_share`: the filter ranks of the site's clusters and the share of clusters whose rank
-  is the cap (`filter_rank`): the energy target was not reached there.
+  is the cap (`filter_rank`): the energy target was not reached there;
+- `plain_nearest_differs`: the share of retained tokens whose nearest center by plain distance (k-means' rule)
+  is not the layer's k* (normalised distance): with `filter_members: kmeans` the filter applied to such a token
+  was fitted on another center's cluster.
 `mean` averages every figure over sites; `layer0` is the first site (the first block's attention input);
 `by_domain` repeats the mean for each retained domain alone against the target (the pooled retained tokens
 follow the domains' token shares: on micro, two thirds are math).
@@ -27,6 +30,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from atlas.kmeans import pairwise_sq_dists
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs
 from experiments.calibration import held_out_sequences
@@ -68,8 +72,9 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
         base = m.base(x)
         rel += (m(x) - base).float().norm(dim=1) / base.float().norm(dim=1).clamp_min(1e-30)
     site.clear()
+    plain = pairwise_sq_dists(xf, site.centers.float()).argmin(1)
     return {"log_delta": delta.clamp_min(1e-30).log(), "gate": gate.squeeze(1) if gate is not None else torch.ones_like(energy),
-            "filter_pass": passed, "residual": rel / max(len(modules), 1)}
+            "filter_pass": passed, "residual": rel / max(len(modules), 1), "plain_differs": (plain != kstar).float()}
 
 
 def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch.Tensor, target: torch.Tensor,
@@ -85,6 +90,7 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
         "auroc_delta": auroc(t["log_delta"], r["log_delta"]),
         "auroc_filter": auroc(t["filter_pass"], r["filter_pass"]),
         "rank_mean": float(ranks.mean()), "at_cap_share": float((site.ranks >= filter_rank).float().mean()),
+        "plain_nearest_differs": float(r["plain_differs"].mean()),
         "n_retained": int(len(retained)), "n_target": int(len(target)),
     }
     if float(t["residual"].abs().sum() + r["residual"].abs().sum()) > 0:

@@ -16,7 +16,7 @@ COLUMNS = (
     ("gate_retained", "gate R"), ("gate_target", "gate T"), ("auroc_gate", "AUROC gate"), ("auroc_delta", "AUROC delta"),
     ("filter_pass_retained", "pass R"), ("filter_pass_target", "pass T"), ("auroc_filter", "AUROC pass"),
     ("residual_retained", "resid R"), ("residual_target", "resid T"), ("auroc_residual", "AUROC resid"),
-    ("rank_mean", "rank"), ("at_cap_share", "at cap"),
+    ("rank_mean", "rank"), ("at_cap_share", "at cap"), ("plain_nearest_differs", "plainK diff"),
 )
 
 

@@ -48,11 +48,25 @@ def test_site_report_matches_a_hand_computation():
     assert report["filter_pass_target"] == pytest.approx((1.0 + 16.0 / 116.0) / 2, rel=1e-5)
     assert report["auroc_delta"] == 1.0 and report["auroc_filter"] == 1.0
     assert report["rank_mean"] == 1.0 and report["at_cap_share"] == 1.0
+    assert report["plain_nearest_differs"] == 0.0  # equal radii: plain and normalised distance agree
     assert report["residual_retained"] == 0.0 and "auroc_residual" not in report  # B = 0: no residual yet
     with torch.no_grad():
         module.lora_B.fill_(1.0)
     trained = site_report(site, [module], retained, target, filter_rank=2)
     assert trained["residual_target"] > trained["residual_retained"] >= 0.0 and trained["at_cap_share"] == 0.0
+
+
+def test_plain_nearest_differs_counts_retained_tokens_the_radii_give_to_another_center():
+    """Centers at 0 and 10 on e1 with sigma^2 = 1 and 16: a retained token at 4 is nearer 0 in plain distance (16
+    against 36) but nearer 10 in normalised distance (16 against 36 / 16); one at 1 stays with 0 (1 against 81 / 16)."""
+    atlas = hand_site()
+    atlas.sigma2 = torch.tensor([1.0, 16.0])
+    site = AtlasSite(atlas)
+    module = AtlasLinear(torch.nn.Linear(3, 2), site, rank=1, alpha=1.0)
+    retained = torch.tensor([[4.0, 0.0, 0.0], [1.0, 0.0, 0.0], [9.0, 0.0, 0.0], [3.5, 0.1, 0.0]])
+    target = torch.tensor([[0.0, 3.0, 0.0]])
+    report = site_report(site, [module], retained, target, filter_rank=1)
+    assert report["plain_nearest_differs"] == pytest.approx(2 / 4)
 
 
 def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_path, capsys):
