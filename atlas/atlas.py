@@ -43,7 +43,7 @@ class SiteAtlas:
     g(x) = sigmoid(gate_slope * (log s(x) - log_q) / T).
     basis, coefs: with a shared filter basis (`filter_basis` P), the site's (d, P) orthonormal basis V and each
     cluster's (K, P, R) coordinates W_k in it; then U_k = V W_k, and `filters` is that product in the atlas's
-    dtype (`with_basis`), so what is stored (V, W) and what is computed agree exactly. None without a basis.
+    dtype (`basis_filters`), so what is stored (V, W) and what is computed agree exactly. None without a basis.
     """
 
     centers: torch.Tensor

@@ -11,8 +11,8 @@ How it is computed (docs/method.md). Per site (the modules reading one tensor sh
   cancels catastrophically in float32 for tight clusters far from the origin) for soft assignment, and delta_k*
   from its difference for the distance gate (tests cover degenerate and near-degenerate clusters in float64);
 - all filter coordinates U_k^T x from one matmul against the K filters side by side (d, K R) (with a shared
-  filter basis V, U_k = V W_k: (x V) W, two matmuls of d P + P K R per row), times the assignment weights w_k (the one-hot of k* for hard, softmax(-delta_k / tau) for soft):
-  z = (w_k U_k^T x)_k, flattened to (n, K R).
+  filter basis V, U_k = V W_k: (x V) W, two matmuls of d P + P K R per row), times the assignment weights w_k
+  (the one-hot of k* for hard, softmax(-delta_k / tau) for soft): z = (w_k U_k^T x)_k, flattened to (n, K R).
 - the gate statistic s(x): `distance` = min_k delta_k(x), or `subspace` (the default) = the share of x's
   energy outside its nearest center's filter, 1 - ||U_k*^T x||^2 / ||x||^2, from the same coordinates;
   g(x) = sigmoid(slope * (log s(x) - log q) / T) with the atlas's threshold log q and slope;

@@ -297,7 +297,7 @@ def atlas_dir(bb: Backbone, st: Settings, hp: dict) -> Path:
 
 
 #: The `atlas_basis` variant of the step and decoding benchmarks: filters fitted on the tokens the layer assigns, inside
-#: a shared top-32 basis per site (docs/method.md, "Filter members and a shared filter basis").
+#: a shared top-32 basis per site (docs/method.md, "Which tokens fit a filter, and a shared filter basis").
 BASIS_OPTIONS = {"filter_basis": 32, "filter_members": "assigned"}
 
 

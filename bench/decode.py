@@ -112,7 +112,8 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
         med = {n: variants[n]["median_s"] for n in names}
         ratios = {f"{a}/{b}": med[a] / med[b] for a, b in
                   [("atlas", "lora"), ("atlas", "base"), ("lora", "base"), ("lora_merged", "base"),
-                   ("atlas_soft", "lora"), ("atlas_basis", "lora"), ("atlas_basis", "atlas"), ("atlas_prev", "lora"), ("atlas", "atlas_prev"), ("atlas", "lora_merged")]
+                   ("atlas_soft", "lora"), ("atlas_basis", "lora"), ("atlas_basis", "atlas"), ("atlas_prev", "lora"),
+                   ("atlas", "atlas_prev"), ("atlas", "lora_merged")]
                   if a in med and b in med}
         entry = {"batch_size": batch_size, "variants": variants, "ratios": ratios, "atlas_prev_same_tokens": same}
         if batch_size == TARGET[2] and TARGET[0] in ratios:
