@@ -136,17 +136,8 @@ def _basis_filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float,
     the fewest that reach `energy` of the members' whole energy (not only of its part in V), at most `max_rank`.
     Returns (V (d, P), W (K, P, R), ranks (K,)); U_k = V W_k is orthonormal."""
     basis = second_moment_basis(x, 1.0, width)
-    coords = []
-    for j in range(k):
-        members = x[assign == j]
-        total = members.square().sum()
-        if not len(members) or total <= 0:
-            coords.append(basis.new_zeros(basis.shape[1], 0))
-            continue
-        _, s, vh = torch.linalg.svd(members @ basis, full_matrices=False)
-        frac = torch.cumsum(s.square(), 0) / total
-        r = int(torch.searchsorted(frac, torch.tensor(energy, dtype=frac.dtype)).item()) + 1
-        coords.append(vh[: min(r, len(s), max_rank)].T.contiguous())
+    members = [x[assign == j] for j in range(k)]
+    coords = [second_moment_basis(m @ basis, energy, max_rank, total=m.square().sum()) for m in members]
     ranks = torch.tensor([c.shape[1] for c in coords], dtype=torch.int32, device=x.device)
     return basis, _stack(coords, basis.shape[1], x), ranks
 

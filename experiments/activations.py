@@ -147,8 +147,10 @@ def _token_mask(batch: dict, key: str) -> torch.Tensor:
     return batch["attention_mask"]
 
 
-def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] = None) -> torch.Tensor:
-    """(dim, r) top eigenvectors of the uncentered second moment x^T x / n, fewest reaching `energy`.
+def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] = None,
+                        total: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(dim, r) top eigenvectors of the uncentered second moment x^T x / n, fewest reaching `energy` of `total`
+    (default: x's own energy; when x is the projection of some data onto a subspace, the data's whole energy).
 
     Computed from the SVD of `x` (no dim x dim matrix is formed when n < dim).
     """
@@ -156,7 +158,7 @@ def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] 
         return x.new_zeros(x.shape[1], 0)
     _, s, vh = torch.linalg.svd(x.float(), full_matrices=False)
     power = s.square()
-    total = power.sum()
+    total = power.sum() if total is None else total
     if total <= 0:
         return x.new_zeros(x.shape[1], 0)
     frac = torch.cumsum(power, 0) / total

@@ -93,6 +93,15 @@ def close(a, b, rel=1e-4):
     torch.testing.assert_close(a.double(), b.double(), rtol=rel, atol=rel * max(scale, 1e-6))
 
 
+def assert_matches_equation(layer, pts):
+    """The layer's output, residual and gradients (input, A, B) equal the float64 equation's on `pts`."""
+    y, fast, yr, ref = grads_both(layer, pts)
+    close(y, yr)
+    close(layer.residual(pts).detach(), reference_residual(layer, pts.double(), layer.lora_A.double(), layer.lora_B.double()))
+    for g_fast, g_ref in zip(fast, ref):
+        close(g_fast, g_ref)
+
+
 @pytest.mark.parametrize("gate_signal", ["distance", "subspace"])
 @pytest.mark.parametrize("assign,temperature", [("hard", 1.0), ("soft", 1.0), ("soft", 0.3)])
 @pytest.mark.parametrize("use_gate,use_filter", [(True, True), (True, False), (False, True)])
@@ -102,12 +111,7 @@ def test_outputs_and_gradients_match_the_equation(assign, temperature, use_gate,
     assert min(ranks) < site.filters.shape[2], "the atlas should include zero-padded filters"
     layer = layer_for(site, assign=assign, assign_temperature=temperature, use_gate=use_gate, use_filter=use_filter,
                       gate_signal=gate_signal)
-    pts = inputs(site, x)
-    y, fast, yr, ref = grads_both(layer, pts)
-    close(y, yr)
-    close(layer.residual(pts).detach(), reference_residual(layer, pts.double(), layer.lora_A.double(), layer.lora_B.double()))
-    for g_fast, g_ref in zip(fast, ref):
-        close(g_fast, g_ref)
+    assert_matches_equation(layer, inputs(site, x))
 
 
 def test_a_fitted_gate_slope_matches_the_equation():
