@@ -49,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
                         "the points that reach the level")
     r.add_argument("--wandb", action="append", default=[], metavar="ENTITY/PROJECT",
                    help="also read the runs of this W&B project (repeatable)")
+    r.add_argument("--variants", nargs="+", default=[], metavar="KNOB",
+                   help="option study: a method's records whose KNOB differs from the method's default "
+                        "(conf/method/<name>.yaml) form a method of their own, METHOD[KNOB=VALUE,...], with its own "
+                        "fronts, rows and paired difference (e.g. --variants filter_members filter_basis); records "
+                        "without the knob count as at the default")
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -120,9 +125,11 @@ def _report(args, api) -> int:
 
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
     reference = MT.parse_reference(args.reference).spec
-    command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference)
+    command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference,
+                              args.variants)
     kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
-                  api=api, command=command, progress=not args.no_progress, reference=reference)
+                  api=api, command=command, progress=not args.no_progress, reference=reference,
+                  variants=args.variants)
     if args.check:
         diffs = check_report(args.dirs, args.out, **kwargs)
         if diffs:

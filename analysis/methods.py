@@ -78,7 +78,8 @@ def label(method: str) -> str:
 
 
 def is_atlas_family(method: str) -> bool:
-    return method == REFERENCE or method.startswith(REFERENCE + "_")
+    """ATLAS, its ablations (atlas_*) and its option variants (atlas[...], `analysis.variants`)."""
+    return method == REFERENCE or method.startswith((REFERENCE + "_", REFERENCE + "["))
 
 
 def order_key(method: str) -> tuple:
@@ -103,5 +104,5 @@ def main_methods(methods) -> list[str]:
 
 
 def ablation_methods(methods) -> list[str]:
-    """ATLAS and its variants (every method named atlas_*)."""
+    """ATLAS and its variants (every method named atlas_* or atlas[...])."""
     return [m for m in ordered(methods) if is_atlas_family(m)]

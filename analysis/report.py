@@ -23,6 +23,7 @@ from analysis import pareto, render
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, thread_counts, threads_text
 from analysis.tables import all_tables, group_label
+from analysis.variants import split_variants
 
 INDEX = "index.md"
 INDEX_TITLE = "# Analysis report"
@@ -217,7 +218,8 @@ def _clean_stale(folder: Path, written: set[Path]) -> None:
 
 
 def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
-                    interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE) -> str:
+                    interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE,
+                    variants: Sequence[str] = ()) -> str:
     """The command line that regenerates a report with these arguments."""
     import shlex
 
@@ -230,6 +232,8 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
         args.append("--no-interpolate")
     for w in wandb_paths:
         args += ["--wandb", w]
+    if variants:
+        args += ["--variants", *variants]
     return shlex.join(args)
 
 
@@ -244,17 +248,19 @@ def write_report(
     command: Optional[str] = None,
     progress: bool = False,
     reference: str = MT.DEFAULT_REFERENCE,
+    variants: Sequence[str] = (),
 ) -> Report:
-    """Collect, analyse and write every table, figure and data file plus `index.md` into `out`."""
+    """Collect, analyse and write every table, figure and data file plus `index.md` into `out`. `variants`: knobs
+    whose non-default settings make a method's records a method of their own (`analysis.variants`)."""
     folder = Path(out)
     # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
     owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
-    a = analyze(col.table, MT.parse_levels(levels), primary, interpolate, reference=reference)
+    a = analyze(split_variants(col.table, variants), MT.parse_levels(levels), primary, interpolate, reference=reference)
     rep = Report(folder, col, a)
     if command is None:
         command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
-                                  a.reference.spec)
+                                  a.reference.spec, variants)
 
     written: list[Path] = []
     tables = []
@@ -313,7 +319,8 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
     if kwargs.get("command") is None:
         levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
         kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", True),
-                                            kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE))
+                                            kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE),
+                                            kwargs.get("variants", ()))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:
         write_report(dirs, tmp, **kwargs)

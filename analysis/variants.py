@@ -1,0 +1,76 @@
+"""Option studies: the records of a method whose chosen knobs differ from the method's defaults become a method of
+their own, `METHOD[KNOB=VALUE,...]`, so each option gets its own rows, per-seed fronts, matched values and paired
+difference to the method at its defaults in every table (`python -m analysis report --variants KNOB ...`).
+
+Without it the report pools every record of a method into one front per seed, which is right for a trade-off knob
+(ATLAS `conditioning`, LoRA `train.steps`) and wrong for a design option whose settings should be compared. A
+record without the knob (made before the knob existed) counts as at the default. Defaults are read from
+`conf/method/<name>.yaml`, as `analysis.methods` reads the display blocks (analysis imports nothing from the
+runtime).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from analysis import schema
+from analysis.methods import METHOD_CONF
+
+
+@lru_cache(maxsize=None)
+def method_defaults(method: str) -> dict:
+    """The knob values of `conf/method/<method>.yaml` (empty for a method without a config file)."""
+    path = METHOD_CONF / f"{method}.yaml"
+    if not path.is_file():
+        return {}
+    conf = yaml.safe_load(path.read_text()) or {}
+    return {k: v for k, v in conf.items() if k not in ("_target_", "name", "display")}
+
+
+def _value(v: Any) -> Optional[str]:
+    """A knob value as text for comparison and names: None for missing/null/NaN, integral floats as integers."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
+    """`method` when every key in `keys` the method has is at its default, else `method[key=value,...]` naming the
+    keys away from it, in the order given."""
+    defaults = method_defaults(method)
+    parts = []
+    for key in keys:
+        if key not in defaults:
+            continue
+        value = _value(row.get(schema.KNOB_PREFIX + key))
+        if value is not None and value != _value(defaults[key]):
+            parts.append(f"{key}={value}")
+    return f"{method}[{','.join(parts)}]" if parts else method
+
+
+def split_variants(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """`table` with each record's method renamed by `variant_name` (a copy; unchanged when `keys` is empty).
+
+    Raises ValueError, before any analysis, when a key is a knob of none of the table's methods."""
+    keys = list(keys)
+    if not keys or table.empty:
+        return table
+    methods = sorted(set(table["method"]))
+    unknown = [k for k in keys if not any(k in method_defaults(m) for m in methods)]
+    if unknown:
+        known = sorted({k for m in methods for k in method_defaults(m)})
+        raise ValueError(f"--variants {' '.join(unknown)}: not a knob of any method among the records "
+                         f"({', '.join(methods)}); their knobs: {', '.join(known)}")
+    out = table.copy()
+    out["method"] = [variant_name(m, row, keys) for m, (_, row) in zip(table["method"], table.iterrows())]
+    return out
