@@ -47,6 +47,14 @@ KL_MEAN_COL = "retained_kl_mean"
 SCALE_COL = "scale"
 KNOB_PREFIX = "knob/"
 TRAIN_KNOBS = ("steps", "lr")
+#: Config keys added after runs were recorded, each with the value that computes what runs did before the key
+#: existed. The runtime leaves such a key out of the run id at that value, so earlier runs keep their ids
+#: (`experiments.records.scientific_config`); analysis reads a record without the key as made at that value
+#: (`analysis.variants`), whatever the default is now.
+LATER_KEYS = {
+    "method.filter_basis": None,  # ATLAS's filters each in the full input space
+    "method.filter_members": "kmeans",  # ATLAS's filters fitted on the k-means clusters
+}
 
 # Top-level keys every record carries, with the JSON types allowed.
 REQUIRED = {

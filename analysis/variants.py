@@ -4,9 +4,10 @@ difference to the method at its defaults in every table (`python -m analysis rep
 
 Without it the report pools every record of a method into one front per seed, which is right for a trade-off knob
 (ATLAS `conditioning`, LoRA `train.steps`) and wrong for a design option whose settings should be compared. A
-record without the knob (made before the knob existed) counts as at the default. Defaults are read from
-`conf/method/<name>.yaml`, as `analysis.methods` reads the display blocks (analysis imports nothing from the
-runtime).
+record without the knob (made before the knob existed) counts as made at the value that computes what runs did
+then (`schema.LATER_KEYS`), not at today's default, so a changed default never renames old records. Defaults are
+read from `conf/method/<name>.yaml`, as `analysis.methods` reads the display blocks (analysis imports nothing
+from the runtime).
 """
 
 from __future__ import annotations
@@ -46,15 +47,20 @@ def _value(v: Any) -> Optional[str]:
 
 def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
     """`method` when every key in `keys` the method has is at its default, else `method[key=value,...]` naming the
-    keys away from it, in the order given."""
+    keys away from it, in the order given (a null value is named `null`).
+
+    A missing or null knob is null, except for a key in `schema.LATER_KEYS`, where it is the value runs computed
+    before the key existed."""
     defaults = method_defaults(method)
     parts = []
     for key in keys:
         if key not in defaults:
             continue
         value = _value(row.get(schema.KNOB_PREFIX + key))
-        if value is not None and value != _value(defaults[key]):
-            parts.append(f"{key}={value}")
+        if value is None:
+            value = _value(schema.LATER_KEYS.get(f"method.{key}"))
+        if value != _value(defaults[key]):
+            parts.append(f"{key}={'null' if value is None else value}")
     return f"{method}[{','.join(parts)}]" if parts else method
 
 

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Callable, Optional
 
 from analysis.schema import (  # noqa: F401  (the record layout has one definition, shared with analysis)
     CODE_SAMPLES_NAME,
+    LATER_KEYS,
     RECORD_NAME,
     SCALES_DIR,
     SCHEMA_VERSION,
@@ -54,12 +55,6 @@ PRESENTATION_KEYS = (
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 
-#: Keys added after runs were recorded, each with the value that computes what runs did before the key existed: at
-#: that value the key is left out of the run id, so those runs keep their ids (and their records are found).
-LATER_KEYS = {
-    "method.filter_basis": None,  # ATLAS's filters each in the full input space
-    "method.filter_members": "kmeans",  # ATLAS's filters fitted on the k-means clusters
-}
 
 
 def _parent(cfg: dict, dotted: str) -> tuple[Any, str]:

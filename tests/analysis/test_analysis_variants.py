@@ -56,6 +56,28 @@ def test_variant_names_only_the_knobs_away_from_the_default():
     assert variant_name("atlas", pd.Series({"knob/use_gate": False}), ["use_gate"]) == "atlas[use_gate=false]"
 
 
+def test_a_record_from_before_a_later_key_keeps_its_behaviour_when_the_default_changes(monkeypatch):
+    """A record without `filter_members` / `filter_basis` was made with k-means filters in the full space
+    (`schema.LATER_KEYS`): if the defaults became assigned filters in a 32-direction basis, it is a variant, and a
+    record at the new defaults is the method."""
+    import analysis.variants as V
+
+    flipped = {**method_defaults("atlas"), "filter_members": "assigned", "filter_basis": 32}
+    monkeypatch.setattr(V, "method_defaults", lambda m: flipped if m == "atlas" else method_defaults(m))
+    keys = ["filter_members", "filter_basis"]
+    assert V.variant_name("atlas", pd.Series({}), keys) == "atlas[filter_members=kmeans,filter_basis=null]"
+    at_new_defaults = pd.Series({"knob/filter_members": "assigned", "knob/filter_basis": 32.0})
+    assert V.variant_name("atlas", at_new_defaults, keys) == "atlas"
+    assert V.variant_name("atlas", pd.Series({"knob/filter_members": "assigned", "knob/filter_basis": math.nan}),
+                          keys) == "atlas[filter_basis=null]"
+
+
+def test_a_null_knob_away_from_a_set_default_is_named_null():
+    assert method_defaults("atlas")["atlas_seed"] is None and method_defaults("atlas")["rank"] == 8
+    assert variant_name("atlas", pd.Series({"knob/rank": math.nan}), ["rank"]) == "atlas[rank=null]"
+    assert variant_name("atlas", pd.Series({"knob/atlas_seed": math.nan}), ["atlas_seed"]) == "atlas"
+
+
 def test_split_variants_renames_records_and_nothing_else(tmp_path):
     table = _table(tmp_path)
     split = split_variants(table, ["filter_members", "filter_basis"])
