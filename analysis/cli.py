@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--variants", nargs="+", default=[], metavar="KNOB",
                    help="option study: a method's records whose KNOB differs from the method's default "
                         "(conf/method/<name>.yaml) form a method of their own, METHOD[KNOB=VALUE,...], with its own "
-                        "fronts, rows and paired difference (e.g. --variants filter_members filter_basis); records "
-                        "without the knob count as at the default")
+                        "fronts, rows and paired difference (e.g. --variants filter_members filter_basis); a record "
+                        "without a knob added later counts as made at its earlier value (LATER_KEYS)")
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
