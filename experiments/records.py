@@ -55,8 +55,6 @@ PRESENTATION_KEYS = (
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 
-
-
 def _parent(cfg: dict, dotted: str) -> tuple[Any, str]:
     node: Any = cfg
     parts = dotted.split(".")
