@@ -51,7 +51,7 @@ def _table(tmp_path) -> pd.DataFrame:
 
 def test_defaults_come_from_the_method_config():
     d = method_defaults("atlas")
-    assert d["filter_members"] == "kmeans" and d["filter_basis"] is None and d["conditioning"] == 1.0
+    assert d["filter_members"] == "assigned" and d["filter_basis"] == 32 and d["conditioning"] == 1.0
     assert "display" not in d and "_target_" not in d and "name" not in d
     assert method_defaults("no_such_method") == {}
 
