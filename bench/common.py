@@ -296,9 +296,9 @@ def atlas_dir(bb: Backbone, st: Settings, hp: dict) -> Path:
     return st.atlas_cache / key
 
 
-#: The `atlas_basis` variant of the step and decoding benchmarks: filters fitted on the tokens the layer assigns, inside
-#: a shared top-32 basis per site (docs/method.md, "Which tokens fit a filter, and a shared filter basis").
-BASIS_OPTIONS = {"filter_basis": 32, "filter_members": "assigned"}
+#: The `atlas_kmeans` variant of the step and decoding benchmarks: the filters before the defaults changed, each fitted
+#: on its k-means cluster in the full input space (docs/method.md, "Which tokens fit a filter, and a shared filter basis").
+EARLIER_FILTERS = {"filter_basis": None, "filter_members": "kmeans"}
 
 
 def add_atlas(model: torch.nn.Module, bb: Backbone, st: Settings, **overrides):

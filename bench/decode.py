@@ -11,8 +11,9 @@ Variants, all sharing the backbone's frozen weights except the merged LoRA:
   merged: it depends on the input);
 - atlas_prev: hard assignment with the layer code before its fast path (bench/common.py); the
   script checks it generates the same tokens as `atlas`;
-- atlas_basis: hard assignment, filters fitted on the tokens the layer assigns and inside a shared top-32 basis
-  per site (`bench.common.BASIS_OPTIONS`): the filter coordinates are two products, d P + P K R per row.
+- atlas_kmeans: hard assignment, the filters before the defaults changed (`bench.common.EARLIER_FILTERS`): each
+  fitted on its k-means cluster in the full input space, so the filter coordinates are one product, d K R per row
+  (`atlas`'s are two, d P + P K R).
 
 Every call generates exactly `--new-tokens` tokens after a `--prompt-len` token prompt (random
 ids, no padding); the time includes the prompt's prefill. Reported per batch size: ms per
@@ -29,7 +30,7 @@ import torch
 from transformers import GenerationConfig
 
 from bench.common import (
-    BASIS_OPTIONS, add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
+    EARLIER_FILTERS, add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
     summary, table, use_legacy_atlas, write_json,
     selected_variants,
 )
@@ -42,7 +43,8 @@ VARIANTS = {
     "atlas": "ATLAS, hard assignment",
     "atlas_soft": "ATLAS, soft assignment",
     "atlas_prev": "ATLAS, hard assignment, layer code before the fast path (bench/common.py)",
-    "atlas_basis": "ATLAS, hard assignment, filters inside a shared top-32 basis per site (bench.common.BASIS_OPTIONS)",
+    "atlas_kmeans": "ATLAS, hard assignment, the earlier filters: k-means clusters, full input space "
+                    "(bench.common.EARLIER_FILTERS)",
 }
 TARGET = ("atlas/lora", 1.15, 1)  # ratio, limit, at batch size
 
@@ -56,7 +58,7 @@ def build_variant(name: str, bb, st):
     elif name == "lora":
         model, _ = add_lora(shared_copy(bb.model), bb, st.seed)
     else:
-        extra = BASIS_OPTIONS if name == "atlas_basis" else {}
+        extra = EARLIER_FILTERS if name == "atlas_kmeans" else {}
         model, _ = add_atlas(shared_copy(bb.model), bb, st, assign="soft" if name == "atlas_soft" else "hard", **extra)
         if name == "atlas_prev":
             use_legacy_atlas(model)
@@ -112,7 +114,7 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
         med = {n: variants[n]["median_s"] for n in names}
         ratios = {f"{a}/{b}": med[a] / med[b] for a, b in
                   [("atlas", "lora"), ("atlas", "base"), ("lora", "base"), ("lora_merged", "base"),
-                   ("atlas_soft", "lora"), ("atlas_basis", "lora"), ("atlas_basis", "atlas"), ("atlas_prev", "lora"),
+                   ("atlas_soft", "lora"), ("atlas_kmeans", "lora"), ("atlas", "atlas_kmeans"), ("atlas_prev", "lora"),
                    ("atlas", "atlas_prev"), ("atlas", "lora_merged")]
                   if a in med and b in med}
         entry = {"batch_size": batch_size, "variants": variants, "ratios": ratios, "atlas_prev_same_tokens": same}

@@ -15,8 +15,9 @@ with labels, backward, gradient clipping at 1.0, AdamW step, zero_grad. Variants
 - atlas_soft: the same with soft assignment.
 - atlas_prev: hard assignment with the layer code before its fast path (bench/common.py), same
   atlas and factors; the script checks its logits equal `atlas`'s before timing.
-- atlas_basis: hard assignment, filters fitted on the tokens the layer assigns and inside a shared top-32 basis
-  per site (`bench.common.BASIS_OPTIONS`): its filter coordinates are two products, d P + P K R per row.
+- atlas_kmeans: hard assignment, the filters before the defaults changed (`bench.common.EARLIER_FILTERS`): each
+  fitted on its k-means cluster in the full input space, so its filter coordinates are one product, d K R per row
+  (`atlas`'s are two, d P + P K R).
 
 All variants share the backbone's frozen weight tensors and the same batch; they are timed in
 interleaved rounds (order rotated each round) after warm-up, and the median is reported.
@@ -30,7 +31,7 @@ from typing import Optional, Sequence
 import torch
 
 from bench.common import (
-    BASIS_OPTIONS, add_atlas, add_lora, clear_atlas_caches, command_line, common_parser, environment, interleaved, load_preset,
+    EARLIER_FILTERS, add_atlas, add_lora, clear_atlas_caches, command_line, common_parser, environment, interleaved, load_preset,
     peak_memory, reset_peak_memory, settings, shared_copy, summary, table, timed, train_batch, use_legacy_atlas,
     write_json,
     selected_variants,
@@ -44,7 +45,8 @@ VARIANTS = {
     "atlas": "ATLAS, hard assignment (conf/method/atlas.yaml), same rank and modules; AdamW step",
     "atlas_soft": "ATLAS, soft assignment; AdamW step",
     "atlas_prev": "ATLAS, hard assignment, layer code before the fast path (bench/common.py); AdamW step",
-    "atlas_basis": "ATLAS, hard assignment, filters inside a shared top-32 basis per site (bench.common.BASIS_OPTIONS); AdamW step",
+    "atlas_kmeans": "ATLAS, hard assignment, the earlier filters: k-means clusters, full input space "
+                    "(bench.common.EARLIER_FILTERS); AdamW step",
 }
 TARGET = ("atlas/lora", 1.25)
 
@@ -62,7 +64,7 @@ def build_variant(name: str, bb, st):
     elif name == "lora":
         model, _ = add_lora(model, bb, st.seed)
     else:
-        extra = BASIS_OPTIONS if name == "atlas_basis" else {}
+        extra = EARLIER_FILTERS if name == "atlas_kmeans" else {}
         model, _ = add_atlas(model, bb, st, assign="soft" if name == "atlas_soft" else "hard", **extra)
         if name == "atlas_prev":
             use_legacy_atlas(model)
@@ -131,7 +133,7 @@ def bench_shape(shape: str, st, args, names: list[str]) -> dict:
                        "trainable_params": sum(p.numel() for p in params[n]), "peak_memory_bytes": memory.get(n)}
     med = {n: variants[n]["median_s"] for n in names}
     ratios = {f"{a}/{b}": med[a] / med[b] for a, b in
-              [("lora", "fullft"), ("atlas", "fullft"), ("atlas", "lora"), ("atlas_basis", "lora"), ("atlas_basis", "atlas"), ("atlas", "base"), ("lora", "base"), ("atlas_soft", "lora"), ("atlas_prev", "lora"),
+              [("lora", "fullft"), ("atlas", "fullft"), ("atlas", "lora"), ("atlas_kmeans", "lora"), ("atlas", "atlas_kmeans"), ("atlas", "base"), ("lora", "base"), ("atlas_soft", "lora"), ("atlas_prev", "lora"),
                ("atlas_prev", "base"), ("atlas", "atlas_prev")] if a in med and b in med}
     result = {"shape": shape, "backbone": bb.describe(), "batch": {"sequences": batch_size,
               "length": int(batch["input_ids"].shape[1]), "tokens": tokens,
