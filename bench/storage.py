@@ -113,7 +113,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))
     first = ":".join(str(defaults[k]) for k in ("num_centers", "filter_rank", "filter_basis") if defaults[k] is not None)
-    ap.add_argument("--settings", default=f"{first},16:4,16:2,8:8,8:4,8:2,4:4,4:2,1:8,16:8:16,16:8:24,16:8:32",
+    others = ["16:8", "16:4", "16:2", "8:8", "8:4", "8:2", "4:4", "4:2", "1:8", "16:8:16", "16:8:24", "16:8:32"]
+    ap.add_argument("--settings", default=",".join(dict.fromkeys([first, *others])),
                     help="comma-separated num_centers:filter_rank[:filter_basis] (the first is conf/method/atlas.yaml's)")
     ap.add_argument("--rank", type=int, default=defaults["rank"])
     ap.add_argument("--no-measure", action="store_true", help="skip building real atlases at micro")
