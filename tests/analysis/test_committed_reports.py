@@ -1,7 +1,8 @@
 """The committed micro reproductions (docs/results/micro, its ablations and re-tune, docs/results/micro_extended):
 each report is what `python -m analysis report` makes of its committed records, micro's records are the whole
-micro_main preset on the test split, the ablation records give ATLAS and each variant the same single trained point,
-and the re-tune's records are micro_main's with only the two points the re-runs of micro_tune moved swapped."""
+micro_main preset on the test split with ATLAS at its current defaults, the ablation records give ATLAS and each variant
+the same single trained point, and the re-tune's records are micro_main's baselines with CorDA's moved point swapped
+and ATLAS with its earlier filters at the points micro_main now uses."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.report import check_report
 from tests.conftest import REPO
@@ -17,8 +19,17 @@ from tests.conftest import REPO
 RESULTS = Path("docs/results/micro")
 ABLATIONS = RESULTS / "ablations"
 RETUNE = RESULTS / "retune"
-# method -> (knob, micro_main's point the re-runs of micro_tune dropped, the point they chose instead)
-RETUNE_SWAPS = {"atlas": ("conditioning", 0.25, 0.75), "corda": ("rank", 16, 4)}
+# method -> (knob, micro_main's point the re-runs of micro_tune dropped, the point they chose instead). ATLAS's moved
+# pair ({0.25, 1} -> {1, 0.75}) is micro_main's own since its filters changed (the test below).
+RETUNE_SWAPS = {"corda": ("rank", 16, 4)}
+# The code each committed record was made with: the baselines and the base at micro_main's commit; ATLAS at its
+# current defaults (assigned filters in a 32-direction basis) at the commit of the dev study that chose them, its
+# ablation variants at the next commit (documentation and the module holding LATER_KEYS only). Between the baselines'
+# commit and these, the baselines and the training loop are unchanged (docs/results/micro/README.md shows a record
+# re-made at the later code with identical metrics).
+BASELINES_SHA = "cffe785cee681386dbfff1ea3a3bb19b89c51025"
+ATLAS_SHA = "f572df23f77f75b6ff9c7242c3a4995e45692844"
+VARIANTS_SHA = "ce02e054c1734eca72a544549e41431d284e2845"
 REFERENCE = "lora:train.steps=600"  # LoRA at its defaults, the point micro_main's levels are shares of
 SCALES = [0.25, 0.5, 0.75, 0.9]  # micro_main's post-hoc scales besides 1
 
@@ -30,13 +41,20 @@ def _records(folder: Path) -> tuple[list[dict], list[dict], list[dict]]:
     return records, trained, [r for r in records if r.get("scale", 1) != 1]
 
 
-@pytest.mark.parametrize("folder,reference", [(RESULTS, REFERENCE), (ABLATIONS, REFERENCE), (RETUNE, REFERENCE),
-                                              (Path("docs/results/micro_extended"), "lora")])
-def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, folder, reference):
+FILTERS = RESULTS / "filters"  # ATLAS's current filters against its earlier ones: a report over two record folders
+
+
+@pytest.mark.parametrize("records,report,reference,variants", [
+    ([RESULTS / "records"], RESULTS / "report", REFERENCE, ()),
+    ([ABLATIONS / "records"], ABLATIONS / "report", REFERENCE, ()),
+    ([RETUNE / "records"], RETUNE / "report", REFERENCE, ()),
+    ([RESULTS / "records", RETUNE / "records"], FILTERS / "report", REFERENCE, ("filter_members", "filter_basis")),
+    ([Path("docs/results/micro_extended/records")], Path("docs/results/micro_extended/report"), "lora", ()),
+])
+def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
-    records, report = folder / "records", folder / "report"
-    assert (report / "index.md").is_file() and records.is_dir()
-    diffs = check_report([str(records)], report, reference=reference)
+    assert (report / "index.md").is_file() and all(folder.is_dir() for folder in records)
+    diffs = check_report([str(folder) for folder in records], report, reference=reference, variants=variants)
     # Figures are byte-identical only for the same matplotlib and font versions; tables, data and the
     # index must match exactly, and every figure must be there.
     assert [d for d in diffs if not d.startswith("differs: figures/")] == []
@@ -44,9 +62,17 @@ def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, fo
     assert any(p.name.startswith("pareto_micro_mean") for p in figures)
 
 
-def _check_provenance(records: list[dict]) -> None:
-    # One committed code version, not edited while the sweep ran, all on the test split.
-    assert len({r["provenance"]["git_sha"] for r in records}) == 1
+def _commit(method: str) -> str:
+    if method == "atlas":
+        return ATLAS_SHA
+    return VARIANTS_SHA if method.startswith("atlas_") else BASELINES_SHA
+
+
+def _check_provenance(records: list[dict], atlas_sha: str = ATLAS_SHA) -> None:
+    # One committed code version per method, named above, not edited while the sweep ran, all on the test split.
+    for r in records:
+        expected = atlas_sha if r["method"] == "atlas" else _commit(r["method"])
+        assert r["provenance"]["git_sha"] == expected, (r["run_id"], r["method"], r["provenance"]["git_sha"])
     assert not any(r["provenance"]["git_dirty"] for r in records)
     assert {r["split"] for r in records} == {"test"} and {r["backbone"] for r in records} == {"micro"}
     assert all(r["status"] == "complete" for r in records)
@@ -86,24 +112,44 @@ def test_committed_ablation_records_give_every_variant_atlas_s_point():
             assert main.get(p.parent.name) == p.read_bytes(), p
 
 
+def test_committed_main_atlas_records_are_atlas_at_its_current_defaults():
+    # The main table's ATLAS is the method a user gets from `python run.py`: its filter options as in its config.
+    defaults = yaml.safe_load((REPO / "conf/method/atlas.yaml").read_text())
+    _, trained, _ = _records(RESULTS)
+    atlas = [r for r in trained if r["method"] == "atlas"]
+    assert len(atlas) == 6
+    for key in ("filter_members", "filter_basis", "num_centers", "filter_rank", "filter_energy", "gate_signal"):
+        assert {str(r["config"]["method"][key]) for r in atlas} == {str(defaults[key])}, key
+
+
 def test_committed_retune_records_are_micro_main_s_with_only_the_moved_points_swapped():
+    # The re-tune was made at micro_main's first commit, ATLAS with its earlier filters (k-means members, each in the
+    # full input space: the keys did not exist yet) at the re-runs' points, which are those micro_main uses now.
     records, trained, scaled = _records(RETUNE)
-    _check_provenance(records)
+    _check_provenance(records, atlas_sha=BASELINES_SHA)
     main_records, _, _ = _records(RESULTS)
-    assert {r["provenance"]["git_sha"] for r in records} == {r["provenance"]["git_sha"] for r in main_records}
     # The same budget as micro_main: 2 trained points x 3 seeds per method, each at every post-hoc scale.
     assert Counter(r["method"] for r in trained) == Counter(
         r["method"] for r in main_records if r.get("scale", 1) == 1)
     assert Counter(r.get("scale", 1) for r in records) == Counter(r.get("scale", 1) for r in main_records)
+    retune_atlas = [r for r in trained if r["method"] == "atlas"]
+    assert not any("filter_members" in r["config"]["method"] for r in retune_atlas)
+    main_atlas = [r for r in main_records if r["method"] == "atlas" and r.get("scale", 1) == 1]
+    assert sorted(float(r["knobs"]["conditioning"]) for r in retune_atlas) == sorted(
+        float(r["knobs"]["conditioning"]) for r in main_atlas) == [0.75] * 3 + [1.0] * 3
 
     def point(r):
         knob = RETUNE_SWAPS.get(r["method"], (None,))[0]
         return r["method"], float(r["knobs"][knob]) if knob else None
 
-    main = {p.relative_to(REPO / RESULTS / "records"): p.read_bytes()
-            for p in (REPO / RESULTS / "records").rglob("record.json")}
-    retune = {p.relative_to(REPO / RETUNE / "records"): p.read_bytes()
-              for p in (REPO / RETUNE / "records").rglob("record.json")}
+    def baselines(folder: Path) -> dict:
+        out = {}
+        for path in (REPO / folder / "records").rglob("record.json"):
+            if not json.loads(path.read_bytes())["method"].startswith("atlas"):
+                out[path.relative_to(REPO / folder / "records")] = path.read_bytes()
+        return out
+
+    main, retune = baselines(RESULTS), baselines(RETUNE)
     kept = [path for path in retune if path in main]
     assert all(retune[path] == main[path] for path in kept)  # byte for byte
     dropped = Counter(point(json.loads(main[p])) for p in main if p not in retune)
