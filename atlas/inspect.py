@@ -2,6 +2,9 @@
 
     python -m atlas.inspect runs/<run_id>            # one table: every site, then the mean over sites
     python -m atlas.inspect runs/<run_id> --json     # the diagnostics as JSON
+    python -m atlas.inspect runs/<run_id> --recompute [--data-root DIR] [--cache-dir DIR]
+        # measure them again from the run's export with today's code (figures added since the run was made,
+        # such as `by_domain_scored`), on the run's own split; the record is not changed
 """
 
 from __future__ import annotations
@@ -32,10 +35,31 @@ def table(diagnostics: dict) -> str:
     return "\n".join(lines)
 
 
+def recompute(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
+    """The conditioning diagnostics of a finished ATLAS run, measured again from its export (`atlas.diagnostics`,
+    the run's split and seed); `ValueError` for a run that is not ATLAS's or has no export."""
+    from atlas.method import ATLAS
+    from experiments.backbones import load_model
+    from experiments.evaluation.trained_run import load_run
+
+    run = load_run(run_dir, data_root, cache_dir)
+    if not (run.export / "atlas.safetensors").is_file():
+        raise ValueError(f"{run_dir}: its export holds no atlas (method {run.record.get('method')!r})")
+    model = load_model(run.config.backbone)
+    method = ATLAS.from_export(model, run.export)
+    model.eval()
+    return method.diagnostics(model, run.ctx)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m atlas.inspect", description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a run directory (or its record.json)")
     ap.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
+    ap.add_argument("--recompute", action="store_true",
+                    help="measure the diagnostics again from the run's export instead of reading the record's")
+    ap.add_argument("--data-root", default=None, help="with --recompute: the benchmark's data_root, as the run had it")
+    ap.add_argument("--cache-dir", default=None,
+                    help="with --recompute: the reference cache folder, as the run had it (eval.cache_dir)")
     args = ap.parse_args(argv)
     path = Path(args.run)
     path = path / "record.json" if path.is_dir() else path
@@ -44,6 +68,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
+    if args.recompute:
+        try:
+            record = {**record, "diagnostics": recompute(path.parent, args.data_root, args.cache_dir)}
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     diagnostics = record.get("diagnostics")
     if not diagnostics:
         print(f"error: {path} holds no ATLAS diagnostics (method {record.get('method')!r}, "
@@ -55,10 +85,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{record['run_id']}: {record['method']} on {record['backbone']}/{record['benchmark']}, seed {record['seed']}; "
           f"held-out {diagnostics.get('split')} tokens, R = retained, T = target (atlas.diagnostics)")
     print(table(diagnostics))
-    for name, row in (diagnostics.get("by_domain") or {}).items():
-        print(f"{name} alone (mean over sites): gate R {row['gate_retained']:.3f} vs T {row['gate_target']:.3f}, "
-              f"AUROC gate {row['auroc_gate']:.3f}, pass R {row['filter_pass_retained']:.3f} vs T "
-              f"{row['filter_pass_target']:.3f}, AUROC pass {row['auroc_filter']:.3f}")
+    for key, where in (("by_domain", "alone"), ("by_domain_scored", "at the scored positions")):
+        for name, row in (diagnostics.get(key) or {}).items():
+            print(f"{name} {where} (mean over sites): gate R {row['gate_retained']:.3f} vs T {row['gate_target']:.3f}, "
+                  f"AUROC gate {row['auroc_gate']:.3f}, pass R {row['filter_pass_retained']:.3f} vs T "
+                  f"{row['filter_pass_target']:.3f}, AUROC pass {row['auroc_filter']:.3f}, resid R "
+                  f"{row['residual_retained']:.3f} vs T {row['residual_target']:.3f}")
     return 0
 
 

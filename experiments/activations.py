@@ -107,7 +107,9 @@ def collect_inputs(
     """Site name -> (n_tokens, dim) inputs over the non-padding tokens of `sequences`, subsampled with `seed`.
 
     `sequences` are encoded pairs (`input_ids`, `labels`) as `experiments.prompts.encode_pair` makes;
-    with `token_mask_key="labels"` only response tokens are kept.
+    with `token_mask_key="labels"` only response tokens are kept; with `"scored"` only the positions whose
+    next-token distribution the loss and the retained KL score (each one before a response token: the last prompt
+    token and every response token but the last).
     """
     batches = [collate(sequences[i:i + batch_size], pad_id) for i in range(0, len(sequences), batch_size)]
     masks = [_token_mask(b, token_mask_key) for b in batches]
@@ -141,10 +143,18 @@ def collect_inputs(
     return {name: torch.cat(parts) for name, parts in store.items()}
 
 
+TOKEN_MASKS = ("attention_mask", "labels", "scored")
+
+
 def _token_mask(batch: dict, key: str) -> torch.Tensor:
+    if key not in TOKEN_MASKS:
+        raise ValueError(f"token_mask_key {key!r}: one of {list(TOKEN_MASKS)}")
+    if key == "attention_mask":
+        return batch["attention_mask"]
+    labelled = (batch["labels"] != -100).long()
     if key == "labels":
-        return (batch["labels"] != -100).long()
-    return batch["attention_mask"]
+        return labelled
+    return torch.cat([labelled[:, 1:], torch.zeros_like(labelled[:, :1])], dim=1)  # the position before each label
 
 
 def second_moment_basis(x: torch.Tensor, energy: float, max_rank: Optional[int] = None,

@@ -18,31 +18,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from experiments import records
+from experiments.evaluation.trained_run import load_run
 
 TARGET_GROUP = "target"
-
-
-def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> Any:
-    """The validated config of a record: the record's config over the suite's defaults (presentation keys such as
-    `benchmark.data_root` and `eval.cache_dir` are not part of a record; `data_root` and `cache_dir` set them)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    from experiments.config import CONF, validate_config
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[])
-    with open_dict(cfg):
-        for key, value in record["config"].items():
-            cfg[key] = value if key in ("method", "seed") else OmegaConf.merge(cfg[key], value)
-        cfg.benchmark.data_root = data_root
-        cfg.eval.cache_dir = cache_dir
-    return validate_config(cfg)
 
 
 @torch.no_grad()
@@ -66,29 +49,14 @@ def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequenc
 def movement(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
     """Mean per-token KL(base || trained) per retained domain and on the target, and the selectivity, of one run
     (the base's responses come from the reference cache in `cache_dir`, as evaluation resolves it)."""
-    from experiments.backbones import backbone_key, load_backbone, load_model
-    from experiments.config import eval_config
-    from experiments.data.benchmark import build_benchmark
+    from experiments.backbones import load_model
     from experiments.calibration import held_out_sequences
-    from experiments.evaluation.reference_cache import get_reference
-    from experiments.job import run_context
     from experiments.methods import method_class
 
-    run_dir = Path(run_dir)
-    record = records.read_record(run_dir)
-    if record is None or record.get("status") != records.STATUS_COMPLETE:
-        raise ValueError(f"{run_dir}: no complete record.json")
-    export = run_dir / "export"
-    if not export.is_dir():
-        raise ValueError(f"{run_dir}: no export/ folder (a method that trains nothing moves nothing)")
-    typed = config_of(record, data_root, cache_dir)
-    benchmark = build_benchmark(typed.benchmark)
-    base, tokenizer = load_backbone(typed.backbone)
-    reference = lambda: get_reference(base, tokenizer, benchmark, eval_config(typed),  # noqa: E731
-                                      backbone_key(typed.backbone), typed.backbone.chat_template)
-    ctx = run_context(typed, tokenizer, benchmark, run_dir, reference_fn=reference)
-    retained, target = held_out_sequences(ctx)
-    trained = method_class(typed.method._target_).load_export(load_model(typed.backbone), export)
+    run = load_run(Path(run_dir), data_root, cache_dir)
+    typed, tokenizer, base, record = run.config, run.tokenizer, run.base, run.record
+    retained, target = held_out_sequences(run.ctx)
+    trained = method_class(typed.method._target_).load_export(load_model(typed.backbone), run.export)
     trained.eval()
     kl = {name: float(token_kl(base, trained, seqs, tokenizer.pad_token_id).mean()) for name, seqs in retained.items()}
     kl[TARGET_GROUP] = float(token_kl(base, trained, target, tokenizer.pad_token_id).mean())

@@ -1,5 +1,6 @@
 """The conditioning diagnostics: AUROC against a hand count, every per-site figure against a hand computation
-on a hand-built atlas, the report of a prepared ATLAS on the tiny setup, and `python -m atlas.inspect`."""
+on a hand-built atlas, the scored positions they are also measured at, the report of a prepared ATLAS on the tiny
+setup, and `python -m atlas.inspect`, reading a record or measuring a finished run again (`--recompute`)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
     assert set(report["by_domain"]) == set(ctx.reference().domains) and len(report["by_domain"]) >= 2
     for row in report["by_domain"].values():
         assert 0.0 <= row["gate_retained"] <= 1.0 and 0.0 <= row["auroc_gate"] <= 1.0
+    assert set(report["by_domain_scored"]) == set(report["by_domain"])
+    for row in report["by_domain_scored"].values():
+        assert 0.0 <= row["gate_retained"] <= 1.0 and 0.0 <= row["filter_pass_target"] <= 1.0
     assert method.costs()["diagnostics_seconds"] > 0
     record = {"run_id": "abc", "method": "atlas", "backbone": "tiny", "benchmark": "tiny", "seed": 0,
               "diagnostics": report}
@@ -89,7 +93,7 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
     assert inspect_main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "AUROC delta" in out and out.count("\n") >= len(report["sites"]) + 3 and "mean" in out
-    assert all(f"{name} alone" in out for name in report["by_domain"])
+    assert all(f"{name} alone" in out and f"{name} at the scored positions" in out for name in report["by_domain"])
     (tmp_path / "record.json").write_text(json.dumps({**record, "diagnostics": None}))
     assert inspect_main([str(tmp_path)]) == 2
 
@@ -106,3 +110,57 @@ def test_site_report_at_conditioning_zero_still_reads_the_filter():
     for key in ("filter_pass_retained", "filter_pass_target", "auroc_filter", "auroc_delta"):
         assert reports[0.0][key] == pytest.approx(reports[1.0][key])
     assert reports[0.0]["gate_target"] == 1.0 and reports[0.0]["auroc_gate"] == 0.5
+
+
+class _Embed(torch.nn.Module):
+    """Token id -> (id, 0) into one Linear: a site whose input at a position names the token there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2, 2)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.proj(torch.stack([input_ids.float(), torch.zeros_like(input_ids, dtype=torch.float)], -1))
+
+
+def test_scored_positions_are_the_last_prompt_token_and_every_response_token_but_the_last():
+    from experiments.activations import Site, collect_inputs
+
+    # prompt 11 12 13 + response 14 15; prompt 21 + response 22 23 24 (labels -100 on the prompt)
+    seqs = [{"input_ids": [11, 12, 13, 14, 15], "labels": [-100, -100, -100, 14, 15]},
+            {"input_ids": [21, 22, 23, 24], "labels": [-100, 22, 23, 24]}]
+    site = [Site("s", ["proj"], 2)]
+    got = {key: collect_inputs(_Embed(), site, seqs, pad_id=0, progress=False, token_mask_key=key)["s"][:, 0].tolist()
+           for key in ("attention_mask", "labels", "scored")}
+    assert got["attention_mask"] == [11, 12, 13, 14, 15, 21, 22, 23, 24]
+    assert got["labels"] == [14, 15, 22, 23, 24]
+    assert got["scored"] == [13, 14, 21, 22, 23]  # each predicts the response token after it
+    with pytest.raises(ValueError, match="token_mask_key 'response'"):
+        collect_inputs(_Embed(), site, seqs, pad_id=0, progress=False, token_mask_key="response")
+
+
+def test_recompute_measures_a_finished_run_s_diagnostics_again_from_its_export(tiny_backbone_dir, tiny_benchmark_dir,
+                                                                              tmp_path, capsys):
+    from experiments.records import RECORD_NAME
+    from tests.conftest import run_cli, tiny_overrides
+
+    cache = tmp_path / "cache"
+    ov = tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", cache,
+                        **{"train.steps": "8", "train.lr": "0.02"})
+    for method in ("atlas", "lora"):
+        done = run_cli([f"method={method}", *ov])
+        assert done.returncode == 0, done.stderr[-3000:]
+    runs = {json.loads(p.read_text())["method"]: p.parent for p in (tmp_path / "runs").rglob(RECORD_NAME)}
+    record = json.loads((runs["atlas"] / RECORD_NAME).read_text())
+    assert inspect_main([str(runs["atlas"]), "--recompute", "--cache-dir", str(cache), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    # The same trained model, split, seed and code: the run's own figures, and the scored positions besides.
+    for key in ("gate_retained", "gate_target", "residual_retained", "residual_target", "auroc_gate"):
+        assert again["mean"][key] == pytest.approx(record["diagnostics"]["mean"][key], rel=1e-4, abs=1e-6), key
+    assert set(again["by_domain_scored"]) == set(record["diagnostics"]["by_domain"])
+    for row in again["by_domain_scored"].values():
+        assert 0.0 <= row["gate_retained"] <= 1.0 and row["residual_target"] > 0.0
+    assert inspect_main([str(runs["atlas"]), "--recompute", "--cache-dir", str(cache)]) == 0
+    assert "at the scored positions" in capsys.readouterr().out
+    assert inspect_main([str(runs["lora"]), "--recompute", "--cache-dir", str(cache)]) == 2
+    assert "holds no atlas" in capsys.readouterr().err
