@@ -309,10 +309,15 @@ def method_class(target: str) -> type[Method]:
     return cls
 
 
+def param_names(cls: type[Method]) -> list[str]:
+    """The hyperparameters `cls` takes (the fields of its `Params`), in declaration order."""
+    return [f.name for f in dataclasses.fields(cls.Params)]
+
+
 def build_params(cls: type[Method], values: dict) -> MethodParams:
     """`cls.Params` from a mapping of hyperparameters: unknown or missing keys and rejected values raise
     `MethodConfigError` naming the key and what is allowed."""
-    allowed = [f.name for f in dataclasses.fields(cls.Params)]
+    allowed = param_names(cls)
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise MethodConfigError(f"method.{unknown[0]}={values[unknown[0]]!r} is not a parameter of "

@@ -7,7 +7,6 @@ Run from the checkout the run was made in: benchmark paths in the config are rel
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -38,14 +37,14 @@ def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional
 
     from analysis.schema import LATER_KEYS
     from experiments.config import CONF, validate_config
-    from experiments.methods import method_class
+    from experiments.methods import method_class, param_names
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[])
     with open_dict(cfg):
         for key, value in record["config"].items():
             cfg[key] = value if key in ("method", "seed") else OmegaConf.merge(cfg[key], value)
-        takes = {f.name for f in dataclasses.fields(method_class(cfg.method._target_).Params)}
+        takes = set(param_names(method_class(cfg.method._target_)))
         for dotted, earlier in LATER_KEYS.items():
             section, leaf = dotted.split(".", 1)
             if section == "method" and leaf in takes and leaf not in cfg.method:

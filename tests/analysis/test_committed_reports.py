@@ -62,16 +62,16 @@ def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, re
     assert any(p.name.startswith("pareto_micro_mean") for p in figures)
 
 
-def _commit(method: str) -> str:
+def _commit(method: str, atlas_sha: str) -> str:
     if method == "atlas":
-        return ATLAS_SHA
+        return atlas_sha
     return VARIANTS_SHA if method.startswith("atlas_") else BASELINES_SHA
 
 
 def _check_provenance(records: list[dict], atlas_sha: str = ATLAS_SHA) -> None:
     # One committed code version per method, named above, not edited while the sweep ran, all on the test split.
     for r in records:
-        expected = atlas_sha if r["method"] == "atlas" else _commit(r["method"])
+        expected = _commit(r["method"], atlas_sha)
         assert r["provenance"]["git_sha"] == expected, (r["run_id"], r["method"], r["provenance"]["git_sha"])
     assert not any(r["provenance"]["git_dirty"] for r in records)
     assert {r["split"] for r in records} == {"test"} and {r["backbone"] for r in records} == {"micro"}
