@@ -42,8 +42,8 @@ class EvalConfig:
     reference_temperature: float = MISSING
     reference_seed: int = MISSING
 
-    # Base log-probabilities in the cache: the full vocabulary when
-    # vocab x response tokens x bytes(logprob_dtype) fits in `logprob_budget_mb`, else the base's
+    # Base log-probabilities in the cache, per split (calibration, evaluation): the full vocabulary when
+    # vocab x the split's response tokens x bytes(logprob_dtype) fits half of `logprob_budget_mb`, else the base's
     # `top_k` log-probs + indices + one tail bucket.
     logprob_budget_mb: float = MISSING
     logprob_dtype: str = MISSING

@@ -6,8 +6,11 @@ both of its splits (calibration and evaluation):
 - the base's reference responses (sampled at `reference_temperature` with `reference_seed`, or
   greedy), as text and token ids, with the templated prompts and their ids;
 - the base's log-probabilities at every response token: the full vocabulary in
-  `logprob_dtype` when vocab x all response tokens x bytes fits `logprob_budget_mb`, else the
-  top-k log-probs, their indices and the tail log-mass (see `retained_kl.CachedLogprobs`);
+  `logprob_dtype` when that split's vocab x response tokens x bytes fits half of `logprob_budget_mb`
+  (so both splits together fit it), else the top-k log-probs, their indices and the tail log-mass
+  (see `retained_kl.CachedLogprobs`). Each split's storage depends on that split alone: what a
+  method reads from the calibration split is the same whichever split a run evaluates on
+  (`experiments.reuse` relies on it);
 
 and, on the evaluation split only (the split answer-level metrics are reported on):
 
@@ -50,7 +53,7 @@ from experiments.evaluation.retained_kl import (
 )
 from experiments.evaluation.scoring import score_choices
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: log-prob storage chosen per split (1: over both splits together)
 SPLITS = ("calibration", "evaluation")
 
 
@@ -97,15 +100,20 @@ class DomainReference:
 
 @dataclass
 class ReferenceCache:
-    """A loaded reference cache. `stats`: `hit` (bool), `build_s` (the cold build's seconds, recorded
-    at build time), `load_s`, `lock_wait_s`, `n_tokens`, `bytes`."""
+    """A loaded reference cache. `modes`: each split's log-prob storage (`full` or `topk`). `stats`: `hit` (bool),
+    `build_s` (the cold build's seconds, recorded at build time), `load_s`, `lock_wait_s`, `n_tokens`, `bytes`."""
 
     key: str
     path: Path
-    mode: str
+    modes: dict[str, str]
     components: dict
     domains: dict[str, DomainReference]
     stats: dict = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """The evaluation split's log-prob storage: what the retained KL is computed against."""
+        return self.modes["evaluation"]
 
 
 ModelOrFactory = Union[Any, Callable[[], Any]]
@@ -258,8 +266,9 @@ def get_reference(
 
 
 def _choose_mode(vocab: int, n_tokens: int, cfg: EvalConfig) -> str:
+    """`full` when one split's `n_tokens` x `vocab` log-probs fit its share (1 / len(SPLITS)) of the budget."""
     itemsize = torch.empty((), dtype=LOGPROB_TORCH_DTYPES[cfg.logprob_dtype]).element_size()
-    return "full" if vocab * n_tokens * itemsize <= cfg.logprob_budget_mb * 2**20 else "topk"
+    return "full" if vocab * n_tokens * itemsize <= cfg.logprob_budget_mb * 2**20 / len(SPLITS) else "topk"
 
 
 def output_vocab_size(model: Any) -> int:
@@ -298,7 +307,9 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
                 "response_ids": gen.token_ids, "response_texts": gen.texts,
             }
     n_tokens = sum(len(r) for s in splits.values() for r in s["response_ids"])
-    mode = _choose_mode(output_vocab_size(base), n_tokens, cfg)
+    vocab = output_vocab_size(base)
+    modes = {split: _choose_mode(vocab, sum(len(r) for (_, sp), s in splits.items() if sp == split
+                                            for r in s["response_ids"]), cfg) for split in SPLITS}
 
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -307,7 +318,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
     try:
         for number, ((name, split), s) in enumerate(sorted(splits.items())):
             cached = cache_logprobs(
-                base, s["prompt_ids"], s["response_ids"], mode=mode, dtype=cfg.logprob_dtype, top_k=cfg.top_k,
+                base, s["prompt_ids"], s["response_ids"], mode=modes[split], dtype=cfg.logprob_dtype, top_k=cfg.top_k,
                 pad_id=pad_id, batch_size=cfg.scoring_batch_size, progress=progress,
                 desc=f"base log-probs {name}/{split}",
             )
@@ -339,7 +350,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
             "key": key,
             "format_version": CACHE_FORMAT_VERSION,
             "components": components,
-            "mode": mode,
+            "modes": modes,
             "logprob_dtype": cfg.logprob_dtype,
             "n_tokens": n_tokens,
             "build_s": build_s,
@@ -379,7 +390,7 @@ def _load(path: Path, key: str, benchmark: Any, cfg: EvalConfig, *, hit: bool, l
                 prompt_ids=meta["prompt_ids"],
                 response_ids=meta["response_ids"],
                 response_texts=meta["response_texts"],
-                logprobs=CachedLogprobs.from_tensors(manifest["mode"], manifest["logprob_dtype"], tensors),
+                logprobs=CachedLogprobs.from_tensors(manifest["modes"][split], manifest["logprob_dtype"], tensors),
                 greedy_texts=meta["greedy_texts"],
                 greedy_answers=meta["greedy_answers"],
                 choice_loglik=meta["choice_loglik"],
@@ -395,5 +406,5 @@ def _load(path: Path, key: str, benchmark: Any, cfg: EvalConfig, *, hit: bool, l
         "n_tokens": manifest["n_tokens"],
         "bytes": n_bytes,
     }
-    return ReferenceCache(key=key, path=path, mode=manifest["mode"], components=manifest["components"],
+    return ReferenceCache(key=key, path=path, modes=manifest["modes"], components=manifest["components"],
                           domains=domains, stats=stats)

@@ -239,3 +239,29 @@ def test_an_altered_cache_is_detected_rebuilt_and_the_base_against_itself_is_zer
     for bad in (float("nan"), float("inf"), -0.01):
         with pytest.raises(ImpossibleMetricError, match="cannot be right"):
             check_kl("math", {"kl_token_mean": bad, "kl_seq_mean": 0.0, "n_tokens": 3}, path)
+
+
+def test_each_split_is_stored_by_its_own_size_so_calibration_does_not_depend_on_the_evaluation_split(lm, tmp_path):
+    """What methods train on (the calibration split's log-probs) is the same whichever evaluation split a benchmark
+    carries, even where both splits together exceed the budget (a dev run and a test run train the same model)."""
+    model, tok = lm
+    small = fake_benchmark()
+    big = fake_benchmark()
+    big.retained["math"] = RetainedDomain("math", "math", calibration=small.retained["math"].calibration,
+                                          evaluation=[_math(f"{i} + {i}", 2 * i) for i in range(14)])
+
+    def tokens(ref, split):
+        return sum(len(r) for d in ref.domains.values() for r in d.split(split).response_ids)
+
+    roomy = rc.get_reference(model, tok, big, _cfg(tmp_path / "roomy"), "tiny/test", chat_template=False)
+    width = 4 * len(tok)  # float32 log-probs of one token
+    n_cal, n_big = tokens(roomy, "calibration"), tokens(roomy, "evaluation")
+    budget_mb = 2 * n_cal * width * 1.05 / 2**20  # the calibration split fits its half of it...
+    assert (n_cal + n_big) * width > budget_mb * 2**20 and n_big * width > budget_mb * 2**20 / 2  # ...the sum does not
+    refs = {name: rc.get_reference(model, tok, bench, _cfg(tmp_path / name, logprob_budget_mb=budget_mb), "tiny/test",
+                                   chat_template=False) for name, bench in (("small", small), ("big", big))}
+    assert refs["big"].modes == {"calibration": "full", "evaluation": "topk"} and refs["big"].mode == "topk"
+    assert refs["small"].modes["calibration"] == "full"
+    for name in small.retained:
+        a, b = refs["small"].domains[name].calibration, refs["big"].domains[name].calibration
+        assert a.response_ids == b.response_ids and torch.equal(a.logprobs.full, b.logprobs.full)
