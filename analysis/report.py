@@ -76,16 +76,26 @@ def _md(text: Any) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _versions(runs: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    sha = runs[f"{prefix}_sha"] if f"{prefix}_sha" in runs.columns else pd.Series([None] * len(runs))
+    dirty = runs[f"{prefix}_dirty"] if f"{prefix}_dirty" in runs.columns else pd.Series([None] * len(runs))
+    return pd.DataFrame({"sha": sha.fillna("unknown").astype(str).values,
+                         "dirty": dirty.map(lambda d: bool(d) if isinstance(d, (bool, int)) else None).values,
+                         "method": runs["method"].values})
+
+
 def code_versions(runs: pd.DataFrame) -> list[dict]:
     """The code versions the runs were made with: one entry per (git sha, dirty flag), with its run count and
-    methods, most runs first; runs without provenance count as sha `unknown`."""
+    methods, most runs first; runs without provenance count as sha `unknown`. A run that reused another run's training
+    (`train.reused_from`) also counts for the version that trained it, where that differs from its own."""
     if runs.empty:
         return []
-    sha = runs["provenance/git_sha"] if "provenance/git_sha" in runs.columns else pd.Series([None] * len(runs))
-    dirty = runs["provenance/git_dirty"] if "provenance/git_dirty" in runs.columns else pd.Series([None] * len(runs))
-    frame = pd.DataFrame({"sha": sha.fillna("unknown").astype(str).values,
-                          "dirty": dirty.map(lambda d: bool(d) if isinstance(d, (bool, int)) else None).values,
-                          "method": runs["method"].values})
+    frame = _versions(runs, "provenance/git")
+    if "provenance/train_git_sha" in runs.columns:
+        reused = runs["provenance/train_git_sha"].notna().values
+        training = _versions(runs, "provenance/train_git")
+        other = reused & ((training["sha"] != frame["sha"]) | (training["dirty"] != frame["dirty"])).values
+        frame = pd.concat([frame, training[other]], ignore_index=True)
     out = []
     for (s, d), g in frame.groupby(["sha", frame["dirty"].astype(str)], sort=True):
         out.append({"sha": s, "dirty": g["dirty"].iloc[0], "runs": len(g), "methods": M.ordered(g["method"].unique())})

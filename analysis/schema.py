@@ -296,6 +296,11 @@ def to_row(record: dict, source: str) -> dict:
         row["train/final_loss"] = float(train["final_loss"])
     if _is_number(train.get("steps")):
         row["train/steps"] = train["steps"]
+    reused = train.get("reused_from")
+    if isinstance(reused, dict):  # trained by another run (experiments.reuse), maybe with other code
+        row["train/reused_from"] = reused.get("run_id")
+        row["provenance/train_git_sha"] = reused.get("git_sha")
+        row["provenance/train_git_dirty"] = reused.get("git_dirty")
     prov = record.get("provenance") or {}
     if isinstance(prov, dict):
         row["provenance/git_sha"] = prov.get("git_sha")

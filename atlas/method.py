@@ -97,6 +97,8 @@ class ATLAS(Method):
     `source=target` (atlas of target activations), `source=random` (random geometry).
     """
 
+    run_files = (ATLAS_FILE,)
+
     Params = ATLASParams
     params: ATLASParams
 

@@ -65,6 +65,8 @@ class CorDAParams(LoRAParams):
 class CorDA(LoRA):
     """peft CorDA (KPM) adapters; covariance from retained calibration data."""
 
+    run_files = (CACHE_FILE,)
+
     Params = CorDAParams
     params: CorDAParams
     exact_export = False  # the export is the converted update: the same function, other float32 rounding

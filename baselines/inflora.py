@@ -82,6 +82,8 @@ class InfLoRAParams(LoRAParams, SiteStatisticsParams):
 class InfLoRA(LoRA):
     """LoRA whose frozen down-projection reads only directions outside the retained input subspace."""
 
+    run_files = (SUBSPACE_FILE,)
+
     Params = InfLoRAParams
     params: InfLoRAParams
 

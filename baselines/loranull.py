@@ -90,6 +90,8 @@ class LoRANullParams(LoRAParams, SiteStatisticsParams):
 class LoRANull(ResidualLoRA):
     """LoRA initialised from W0 on the retained inputs' null space; A frozen, only B trains."""
 
+    run_files = (INIT_FILE,)
+
     Params = LoRANullParams
     params: LoRANullParams
 

@@ -50,6 +50,8 @@ def minor_factors(weight: torch.Tensor, rank: int, scaling: float) -> tuple[torc
 class MiLoRA(ResidualLoRA):
     """LoRA initialised from the minor singular components of each adapted weight; W0 replaced by the residual."""
 
+    run_files = (FACTORS_FILE,)
+
     init_dir_name = "milora_init"
 
     def build_factors(self, layers: dict[str, torch.nn.Module]):

@@ -57,6 +57,8 @@ class OLoRAParams(LoRAParams, SiteStatisticsParams):
 class OLoRA(LoRA):
     """LoRA + an L1 orthogonality penalty between A and the retained principal input directions."""
 
+    run_files = (BASIS_FILE,)
+
     Params = OLoRAParams
     params: OLoRAParams
 

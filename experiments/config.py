@@ -198,6 +198,7 @@ class RunConfig:
     run_root: str = MISSING
     rerun_before: Optional[str] = MISSING
     wait_if_running: bool = MISSING
+    reuse_training_from: list[str] = MISSING
     hydra: Any = None
     experiment: Any = None
 
@@ -297,6 +298,9 @@ def _validate(data: dict) -> DictConfig:
 
         if resolve_commit(str(typed.rerun_before)) is None:
             _fail("rerun_before", typed.rerun_before, "a commit of this checkout (a sha, tag or branch git can resolve)")
+    for i, root in enumerate(typed.reuse_training_from):
+        if not Path(str(root)).is_dir():
+            _fail(f"reuse_training_from[{i}]", root, "a folder: the run root of finished runs (e.g. the dev sweep's)")
 
     lg = typed.logger
     if lg.kind not in LOGGERS:

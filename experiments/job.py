@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import records, rerun, run_lock
+from experiments import records, rerun, reuse, run_lock
 from experiments.backbones import (
     BackboneError,
     backbone_key,
@@ -226,6 +226,7 @@ class Job:
     logger: Any
     base_record: dict
     started: datetime
+    reused: Optional[dict] = None  # where this run's training came from (experiments.reuse), when not trained here
 
     def load_and_prepare(self) -> tuple[torch.nn.Module, RunContext, Any]:
         """Seed, load the backbone and apply the method (`prepare`): the model to train, its context, and the
@@ -250,6 +251,11 @@ class Job:
 
     def run(self) -> dict:
         method, bb = self.method, self.typed.backbone
+        steps = resolved_train(self.typed).steps if method.trains else 0
+        # Before prepare: a reused training's statistics files must be in place for prepare to load them.
+        self.reused = reuse.reuse_training([Path(str(r)) for r in self.typed.reuse_training_from],
+                                           records.training_id_of(OmegaConf.to_container(self.typed, resolve=True)),
+                                           steps, self.run_dir, method.run_files, self.typed.rerun_before)
         model, ctx, train_cfg = self.load_and_prepare()
         summary = model_summary(model)
 
@@ -319,6 +325,7 @@ class Job:
                 "final_loss": result.final_loss,
                 "losses": result.losses,
                 "resumed_from": result.resumed_from,
+                **({"reused_from": self.reused} if self.reused else {}),
             },
             "cost": {
                 "train_seconds": 0.0 if result is None else result.train_seconds,

@@ -154,6 +154,10 @@ class Method:
     #: Whether `load_export` reproduces the trained model bit for bit (False where the export is a
     #: converted update, equal up to float rounding).
     exact_export: ClassVar[bool] = True
+    #: Files `prepare` saves in the run folder and loads, bit for bit, instead of building again on a later attempt of
+    #: the run (an atlas, a basis, a decomposition): what a run that resumes another run's training copies along with
+    #: its checkpoint (`experiments.reuse`).
+    run_files: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: MethodParams) -> None:
         if not isinstance(params, self.Params):

@@ -51,7 +51,13 @@ PRESENTATION_KEYS = (
     "wait_if_running",
     "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
     "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
+    "reuse_training_from",  # where a finished run with the same training is looked for (experiments.reuse)
 )
+#: Keys that choose what a trained model is evaluated on and nothing it trains on: runs that differ only here (and in
+#: presentation keys) train the same model (`training_id_of`). No statistic a method fits and no training step reads
+#: the evaluation split (experiments/calibration.py), and the reference cache stores each split's log-probs by that
+#: split's own size (experiments/evaluation/reference_cache.py).
+EVALUATION_ONLY_KEYS = ("benchmark.split",)
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
 
@@ -83,6 +89,19 @@ def scientific_config(cfg: dict) -> dict:
 def run_id_of(cfg: dict) -> str:
     """16 hex characters identifying the science of a resolved config mapping."""
     blob = json.dumps(scientific_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def training_id_of(cfg: dict) -> str:
+    """16 hex characters identifying what a resolved config mapping *trains*: its scientific config without
+    `EVALUATION_ONLY_KEYS`. A dev run and a test run of one point share it; `cfg` may also be a record's `config`
+    (already scientific)."""
+    out = scientific_config(cfg)
+    for dotted in EVALUATION_ONLY_KEYS:
+        node, leaf = _parent(out, dotted)
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    blob = json.dumps(out, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

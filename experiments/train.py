@@ -141,9 +141,14 @@ class _WriteErrors:
             raise
 
 
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` lives: <run_dir>/checkpoints/step_<step, 8 digits>.pt."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
+
+
 def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Write `state` atomically as checkpoints/step_<step>.pt and keep only the newest `keep`."""
-    final = Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
+    final = checkpoint_path(run_dir, step)
 
     def write(fh) -> None:
         sink = _WriteErrors(fh)

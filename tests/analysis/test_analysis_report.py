@@ -90,6 +90,24 @@ def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
     assert "the runs come from 2 code versions (see Code versions)" in index
 
 
+def test_a_run_trained_by_another_run_counts_for_the_code_that_trained_it(tmp_path):
+    records = [r for r in scenario() if r["backbone"] == "micro"]
+    for i, rec in enumerate(records):
+        if i % 4 == 0:  # evaluated by abc, trained by another commit
+            rec["train"] = {**(rec.get("train") or {}), "reused_from": {"run_id": f"dev{i}", "split": "dev",
+                                                                           "git_sha": "fedcba9876543210", "git_dirty": False}}
+        elif i % 4 == 1:  # trained by the commit that evaluated it: nothing more to list
+            rec["train"] = {**(rec.get("train") or {}), "reused_from": {"run_id": f"dev{i}", "split": "dev",
+                                                                           "git_sha": "abc", "git_dirty": False}}
+        write(tmp_path / "runs", rec)
+    index = (write_report([str(tmp_path / "runs")], tmp_path / "report", reference=REFERENCE).folder
+             / "index.md").read_text()
+    trained_elsewhere = sum(1 for i in range(len(records)) if i % 4 == 0)
+    assert f"| abc | no | {len(records)} |" in index
+    assert f"| fedcba987654 | no | {trained_elsewhere} |" in index
+    assert "the runs come from 2 code versions (see Code versions)" in index
+
+
 def test_report_warns_when_runs_were_trained_with_different_thread_counts(tmp_path):
     records = [r for r in scenario() if r["backbone"] == "micro"]
     for i, rec in enumerate(records):
