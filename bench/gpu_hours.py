@@ -42,6 +42,10 @@ PRESETS = {
     # 28 runs at the default length, LoRA's 4 at a quarter to one (mean 0.625); on the dev split
     "paper_tune": [("qwen3-8b", 28, 1, 1.0), ("qwen3-8b", 4, 0, 0.625)],
 }
+# Presets whose seed-0 trained runs are another preset's trainings on the dev split: run with
+# `reuse_training_from=[<that preset's run_root>]` they evaluate those models instead of training them again
+# (experiments/reuse.py). paper_main runs paper_tune's grid, so every trained run of paper_tune is one of its runs.
+REUSES = {"paper_main": "paper_tune"}
 
 
 def evaluations_per_run(preset: str) -> int:
@@ -92,11 +96,22 @@ def main() -> None:
         print(f"| {b} | {parameters(b) / 1e9:.1f} B | {train:.2f} | {ev:.2f} | {train + ev + OVERHEAD_H:.2f} |")
     print("\n| preset | new runs | H100-hours | A100-80GB-hours (x2.5) |\n|---|---|---|---|")
     for preset, parts in PRESETS.items():
-        k = evaluations_per_run(preset)
-        total = sum(t * (hours[b][0] * f + k * hours[b][1] + OVERHEAD_H) + base * (hours[b][1] + OVERHEAD_H)
-                    for b, t, base, f in parts)
+        total = preset_hours(parts, evaluations_per_run(preset), hours)
         runs = sum(t + base for _, t, base, _ in parts)
         print(f"| `{preset}` | {runs} | {total:.0f} | {total * A100_FACTOR:.0f} |")
+    for preset, donor in REUSES.items():
+        saved = sum(t * hours[b][0] * f for b, t, _, f in PRESETS[donor])
+        total = preset_hours(PRESETS[preset], evaluations_per_run(preset), hours) - saved
+        runs = sum(t + base for _, t, base, _ in PRESETS[preset])
+        reused = sum(t for _, t, _, _ in PRESETS[donor])
+        print(f"| `{preset}` after `{donor}`, `reuse_training_from` | {runs} ({reused} not trained again) | "
+              f"{total:.0f} | {total * A100_FACTOR:.0f} |")
+
+
+def preset_hours(parts: list, evaluations: int, hours: dict) -> float:
+    """H100-hours of a preset's runs (`PRESETS` entries), each trained run evaluated `evaluations` times."""
+    return sum(t * (hours[b][0] * f + evaluations * hours[b][1] + OVERHEAD_H) + base * (hours[b][1] + OVERHEAD_H)
+               for b, t, base, f in parts)
 
 
 if __name__ == "__main__":
