@@ -72,8 +72,8 @@ def find_donor(roots: Sequence[Path], training_id: str, steps: int, own_dir: Pat
                 continue
             if records.training_id_of(record["config"]) != training_id:
                 continue
-            final = checkpoint_path(run_dir, steps)
-            if (record.get("train") or {}).get("steps") != steps or not final.is_file():
+            final = checkpoint_path(run_dir, steps)  # the training id holds train.steps: the donor trained `steps`
+            if not final.is_file():
                 log.info("%s trains the same model but holds no checkpoint of step %d; not reused", run_dir, steps)
                 continue
             stale = rerun.requested(rerun_before, run_dir)
