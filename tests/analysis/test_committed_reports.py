@@ -1,8 +1,9 @@
 """The committed micro reproductions (docs/results/micro, its ablations and re-tune, docs/results/micro_extended):
 each report is what `python -m analysis report` makes of its committed records, micro's records are the whole
 micro_main preset on the test split with ATLAS at its current defaults, the ablation records give ATLAS and each variant
-the same single trained point, and the re-tune's records are micro_main's baselines with CorDA's moved point swapped
-and ATLAS with its earlier filters at the points micro_main now uses."""
+the same single trained point, the re-tune's records are micro_main's baselines with CorDA's moved point swapped
+and ATLAS with its earlier filters at the points micro_main now uses, and the replication's are micro_main's runs
+made again with one thread per run and read as the committed table."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def _records(folder: Path) -> tuple[list[dict], list[dict], list[dict]]:
 
 
 FILTERS = RESULTS / "filters"  # ATLAS's current filters against its earlier ones: a report over two record folders
+# The whole protocol again on a clean clone (micro_tune, analysis tune, micro_main with reuse_training_from, two runs
+# at a time): micro_main's runs with one intra-op thread each instead of two.
+REPLICATION = RESULTS / "replication"
+REPLICATION_SHA = "12645ec14cf668b47d607f8278edaf82456df18b"
 
 
 @pytest.mark.parametrize("records,report,reference,variants", [
@@ -50,6 +55,7 @@ FILTERS = RESULTS / "filters"  # ATLAS's current filters against its earlier one
     ([RETUNE / "records"], RETUNE / "report", REFERENCE, ()),
     ([RESULTS / "records", RETUNE / "records"], FILTERS / "report", REFERENCE, ("filter_members", "filter_basis")),
     ([Path("docs/results/micro_extended/records")], Path("docs/results/micro_extended/report"), "lora", ()),
+    ([REPLICATION / "records"], REPLICATION / "report", REFERENCE, ()),
 ])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -157,3 +163,41 @@ def test_committed_retune_records_are_micro_main_s_with_only_the_moved_points_sw
     per_point = 3 * (1 + len(SCALES))  # 3 seeds, the trained run and its scales
     assert dropped == {(m, float(old)): per_point for m, (_, old, _) in RETUNE_SWAPS.items()}
     assert added == {(m, float(new)): per_point for m, (_, _, new) in RETUNE_SWAPS.items()}
+
+
+def test_replication_records_are_micro_main_again_with_one_thread_per_run():
+    records, trained, _ = _records(REPLICATION)
+    main = sorted(p.relative_to(REPO / RESULTS / "records") for p in (REPO / RESULTS / "records").rglob("record.json"))
+    again = sorted(p.relative_to(REPO / REPLICATION / "records")
+                   for p in (REPO / REPLICATION / "records").rglob("record.json"))
+    assert again == main  # the same run ids (configs) and scales
+    for r in records:
+        assert r["provenance"]["git_sha"] == REPLICATION_SHA and not r["provenance"]["git_dirty"], r["run_id"]
+        assert r["split"] == "test" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
+    # Each seed-0 training is the dev run micro_tune made of the same config (one thread); seeds 1 and 2 trained anew.
+    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
+    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0 and r["method"] != "base")
+    assert {(d["split"], d["threads"], d["git_sha"], d["git_dirty"]) for d in reused.values()} == {
+        ("dev", 1, REPLICATION_SHA, False)}
+    # Evaluation alone does not depend on the thread count: the base runs' metrics are the committed ones.
+    committed = {r["run_id"]: r for r in _records(RESULTS)[1]}
+    bases = [r for r in trained if r["method"] == "base"]
+    assert len(bases) == 3 and all(r["metrics"] == committed[r["run_id"]]["metrics"] for r in bases)
+
+
+def test_replication_reads_as_the_committed_main_table():
+    # What docs/results/micro/README.md says of it: at every level each mean of the replication lies inside the
+    # committed 95% interval, and the methods come in the same order.
+    import pandas as pd
+
+    committed, again = (pd.read_csv(REPO / folder / "report/data/matched_summary.csv").set_index(["level", "method"])
+                        for folder in (RESULTS, REPLICATION))
+    assert sorted(committed.index) == sorted(again.index)
+    with_interval = committed[committed["n_reached"] >= 2].index
+    assert len(with_interval) == 22
+    for key in with_interval:
+        assert committed.loc[key, "lo"] <= again.loc[key, "mean"] <= committed.loc[key, "hi"], key
+    for level in committed.index.get_level_values("level").unique():
+        def order(table):
+            return list(table.loc[level].dropna(subset=["mean"]).sort_values("mean").index)
+        assert order(again) == order(committed), level
