@@ -183,6 +183,13 @@ def test_replication_records_are_micro_main_again_with_one_thread_per_run():
     committed = {r["run_id"]: r for r in _records(RESULTS)[1]}
     bases = [r for r in trained if r["method"] == "base"]
     assert len(bases) == 3 and all(r["metrics"] == committed[r["run_id"]]["metrics"] for r in bases)
+    # Training amplifies the rounding (the README's figures): pass@1 the same in 16 of 48 trained runs, apart by at
+    # most 11 of the 132 problems; retained KL at most 10.7% apart.
+    pairs = [(r["metrics"], committed[r["run_id"]]["metrics"]) for r in trained if r["method"] != "base"]
+    problems = [round(abs(a["target"]["pass@1"] - b["target"]["pass@1"]) * a["target"]["n_problems"])
+                for a, b in pairs]
+    assert len(pairs) == 48 and problems.count(0) == 16 and max(problems) == 11
+    assert round(max(abs(a["retained_kl_mean"] / b["retained_kl_mean"] - 1) for a, b in pairs), 3) == 0.107
 
 
 def test_replication_reads_as_the_committed_main_table():
