@@ -189,7 +189,15 @@ def test_replication_records_are_micro_main_again_with_one_thread_per_run():
     problems = [round(abs(a["target"]["pass@1"] - b["target"]["pass@1"]) * a["target"]["n_problems"])
                 for a, b in pairs]
     assert len(pairs) == 48 and problems.count(0) == 16 and max(problems) == 11
-    assert round(max(abs(a["retained_kl_mean"] / b["retained_kl_mean"] - 1) for a, b in pairs), 3) == 0.107
+    kl_apart = sorted(abs(a["retained_kl_mean"] / b["retained_kl_mean"] - 1) for a, b in pairs)
+    assert sorted(problems)[23:25] == [1, 1] and round((kl_apart[23] + kl_apart[24]) / 2, 3) == 0.009  # medians
+    assert round(kl_apart[-1], 3) == 0.107
+    # InfLoRA's runs and LoRA's 150-step runs: the same pass@1, retained KL within 0.1%.
+    steady = [(r["metrics"], committed[r["run_id"]]["metrics"]) for r in trained
+              if r["method"] == "inflora" or (r["method"] == "lora" and r["config"]["train"]["steps"] == 150)]
+    assert len(steady) == 9
+    assert all(a["target"]["pass@1"] == b["target"]["pass@1"] for a, b in steady)
+    assert all(abs(a["retained_kl_mean"] / b["retained_kl_mean"] - 1) < 1e-3 for a, b in steady)
 
 
 def test_replication_reads_as_the_committed_main_table():
