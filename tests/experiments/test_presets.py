@@ -25,9 +25,10 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 EXPECTED_JOBS = {
     "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
     "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 14 * 2 * 3, "micro_ablations": 6 * 2 * 3,
-    "micro_extended": 14, "micro_tune": 33, "paper_tune": 33,
+    "micro_defaults": 14, "micro_tune": 33, "paper_tune": 33, "micro_tune_extended": 22, "micro_extended": 12 * 3,
 }
-SEEDS = {"micro_extended": (0,), "micro_tune": (0,), "paper_tune": (0,)}
+DEV = ("micro_tune", "paper_tune", "micro_tune_extended")  # the tuning presets, evaluated on the dev split
+SEEDS = {"micro_defaults": (0,), **{preset: (0,) for preset in DEV}}
 EXTENDED = tuple(registry.trained_methods("extended"))
 
 
@@ -79,7 +80,8 @@ def test_every_preset_has_a_micro_twin_and_a_count():
     assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations", "paper_tune"}
     assert {p.replace("paper_", "micro_") for p in paper} <= set(PRESETS)
     assert set(PRESETS) == set(EXPECTED_JOBS)
-    assert "micro_extended" in PRESETS  # the methods beyond the paper, with WiSE-FT scales
+    # the methods beyond the paper: at their defaults with WiSE-FT scales, and under micro_main's protocol
+    assert {"micro_defaults", "micro_tune_extended", "micro_extended"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -107,12 +109,19 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     methods = Counter(c.method.name for c in cfgs)
     if preset.endswith("_main") or preset.endswith("_backbones"):
         assert set(methods) == {"base", "atlas", *SEVEN}
-    if preset == "micro_extended":
+    if preset == "micro_defaults":
         assert sorted(methods.values()) == [1] * 14 and set(methods) == {"base", "atlas", *SEVEN, *EXTENDED}
         assert all(list(c.eval.scales) == [0.0, 0.25, 0.5, 0.75, 1.0] for c in cfgs)
         assert next(c for c in cfgs if c.method.name == "fullft").train.lr == 1.0e-4
-    if preset.endswith("_tune"):  # equal budget on dev: 4 points per method, none longer than the default training
-        assert set(methods) == {"base", "atlas", *SEVEN} and set(methods.values()) == {1, 4} and methods["base"] == 1
+    if preset == "micro_extended":  # micro_main's protocol for the five: 2 dev-chosen points each, the reference
+        assert methods == {"base": 1, "lora": 1, **{name: 2 for name in EXTENDED}}
+        assert next(c for c in cfgs if c.method.name == "lora").train.steps == 600
+        assert all(list(c.eval.scales) == [0.25, 0.5, 0.75, 0.9, 1.0] for c in cfgs)
+    if preset in DEV:  # equal budget on dev: 4 points per method, none longer than the default training
+        tuned = {"base", "lora", *EXTENDED} if preset == "micro_tune_extended" else {"base", "atlas", *SEVEN}
+        assert set(methods) == tuned and methods["base"] == 1
+        assert {n for name, n in methods.items() if name not in ("base", "lora")} == {4}
+        assert methods["lora"] == (1 if preset == "micro_tune_extended" else 4)  # there, only the reference
         assert all(c.benchmark.split == "dev" and c.train.steps <= (600 if micro else 625) for c in cfgs)
     else:
         assert all(c.benchmark.split == "test" for c in cfgs)
@@ -125,8 +134,12 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     else:
         assert all(c.benchmark.protect is None for c in cfgs)
     if micro:
-        assert all(c.eval.max_new_tokens_code == 128 and c.train.lr == (1.0e-4 if c.method.name == "fullft" else 3.0e-3)
-                   for c in cfgs)
+        assert all(c.eval.max_new_tokens_code == 128 for c in cfgs)
+        assert all(c.train.lr == 3.0e-3 for c in cfgs if c.method.name != "fullft")
+        full_lrs = {c.train.lr for c in cfgs if c.method.name == "fullft"}  # its own rates (conf/method/fullft.yaml)
+        assert full_lrs <= {1.0e-5, 3.0e-5, 1.0e-4, 3.0e-4}
+        if preset == "micro_tune_extended":
+            assert len(full_lrs) == 4 and {c.train.steps for c in cfgs if c.method.name == "fullft"} == {600}
     else:  # the real backbones' training and generation lengths (conf/train/paper.yaml, conf/eval/paper.yaml)
         assert all(c.train.lr == 2.0e-4 and c.eval.max_new_tokens_code == 512 and c.eval.max_new_tokens_math == 384
                    for c in cfgs)
@@ -158,13 +171,22 @@ def test_main_presets_sweep_each_method_knob():
     assert all(c.train.steps == 600 for name, cs in tuned.items() if name != "lora" for c in cs)
 
 
-def test_extended_preset_reuses_micro_main_runs():
-    """eval.scales is not part of the run id: micro_extended's runs of paper methods at points micro_main also
-    runs (base, the default ATLAS and LoRA, ...) are micro_main's seed-0 runs; the extra methods are not."""
+def test_extended_presets_reuse_micro_main_and_micro_tune_runs():
+    """eval.scales is not part of the run id: micro_defaults's runs of paper methods at points micro_main also
+    runs (base, the default ATLAS and LoRA, ...) are micro_main's seed-0 runs; the extra methods are not.
+    micro_extended's base and reference are micro_main's runs at every seed, and micro_tune_extended's are
+    micro_tune's, so the thirteen methods share the levels' runs."""
     main_ids = {run_id_for(c) for c in jobs_of("micro_main", seed=0)}
-    extended = {c.method.name: run_id_for(c) for c in jobs_of("micro_extended", seed=0)}
-    assert {extended[m] for m in ("base", "atlas", "lora", "replay", "ewc", "lwf")} <= main_ids
-    assert not {extended[m] for m in EXTENDED} & main_ids
+    defaults = {c.method.name: run_id_for(c) for c in jobs_of("micro_defaults", seed=0)}
+    assert {defaults[m] for m in ("base", "atlas", "lora", "replay", "ewc", "lwf")} <= main_ids
+    assert not {defaults[m] for m in EXTENDED} & main_ids
+    for seed in (0, 1, 2):
+        main = {run_id_for(c) for c in jobs_of("micro_main", seed=seed)}
+        extended = {run_id_for(c): c.method.name for c in jobs_of("micro_extended", seed=seed)}
+        assert sorted(name for run_id, name in extended.items() if run_id in main) == ["base", "lora"]
+    tune = {run_id_for(c) for c in jobs_of("micro_tune")}
+    tune_extended = {run_id_for(c): c.method.name for c in jobs_of("micro_tune_extended")}
+    assert sorted(name for run_id, name in tune_extended.items() if run_id in tune) == ["base", "lora"]
 
 
 @pytest.mark.parametrize("family", ["micro", "paper"])
@@ -206,7 +228,8 @@ def test_default_points_are_the_plain_method_runs():
 
 
 def test_every_point_is_used_by_a_preset():
-    used = {job_point for preset in ("micro_main", "paper_main", "micro_extended", "micro_tune", "paper_tune")
+    used = {job_point for preset in ("micro_main", "paper_main", "micro_defaults", "micro_tune", "paper_tune",
+                                     "micro_tune_extended", "micro_extended")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
 
