@@ -3,7 +3,8 @@ each report is what `python -m analysis report` makes of its committed records, 
 micro_main preset on the test split with ATLAS at its current defaults, the ablation records give ATLAS and each variant
 the same single trained point, the re-tune's records are micro_main's baselines with CorDA's moved point swapped
 and ATLAS with its earlier filters at the points micro_main now uses, and the replication's are micro_main's runs
-made again with one thread per run and read as the committed table."""
+made again with one thread per run and read as the committed table; the dev records of the five methods beyond the
+paper choose their committed micro_extended points."""
 
 from __future__ import annotations
 
@@ -219,3 +220,25 @@ def test_replication_reads_as_the_committed_main_table():
 
     for level in committed.index.get_level_values("level").unique():
         assert order(again, level) == order(committed, level), level
+
+
+# The five methods beyond the paper under micro_main's protocol: micro_tune_extended on dev on a clean clone of the
+# commit that added the presets, two one-thread runs at a time (its records in dev_records), then `analysis tune`.
+EXTENDED = RESULTS / "extended"
+EXTENDED_DEV_SHA = "53c5f98"
+FIVE = ("milora", "pissa", "dora", "loranull", "fullft")
+
+
+def test_extended_dev_records_choose_the_committed_points(tmp_path):
+    from analysis.tune import tune
+
+    dev = [json.loads(p.read_text()) for p in sorted((REPO / EXTENDED / "dev_records").rglob("record.json"))]
+    assert Counter(r["method"] for r in dev) == {"base": 1, "lora": 1, **{m: 4 for m in FIVE}}
+    for r in dev:
+        assert r["provenance"]["git_sha"].startswith(EXTENDED_DEV_SHA) and not r["provenance"]["git_dirty"], r["run_id"]
+        assert r["split"] == "dev" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
+    _, written, _, _ = tune([str(REPO / EXTENDED / "dev_records")], REFERENCE, 2, out=tmp_path, prefix="micro_extended")
+    committed = sorted((REPO / "conf/point").glob("micro_extended_*.yaml"))
+    assert sorted(p.name for p in written) == [p.name for p in committed] and len(committed) == 11
+    for p in committed:
+        assert (tmp_path / p.name).read_text() == p.read_text(), p.name
