@@ -4,7 +4,8 @@ micro_main preset on the test split with ATLAS at its current defaults, the abla
 the same single trained point, the re-tune's records are micro_main's baselines with CorDA's moved point swapped
 and ATLAS with its earlier filters at the points micro_main now uses, and the replication's are micro_main's runs
 made again with one thread per run and read as the committed table; the dev records of the five methods beyond the
-paper choose their committed micro_extended points."""
+paper choose their committed micro_extended points, and their test records are micro_extended's runs of those points,
+read on micro_main's levels."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ REPLICATION_SHA = "12645ec14cf668b47d607f8278edaf82456df18b"
     ([RESULTS / "records", RETUNE / "records"], FILTERS / "report", REFERENCE, ("filter_members", "filter_basis")),
     ([Path("docs/results/micro_extended/records")], Path("docs/results/micro_extended/report"), "lora", ()),
     ([REPLICATION / "records"], REPLICATION / "report", REFERENCE, ()),
+    ([RESULTS / "records", RESULTS / "extended" / "records"], RESULTS / "extended" / "report", REFERENCE, ()),
 ])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -242,3 +244,55 @@ def test_extended_dev_records_choose_the_committed_points(tmp_path):
     assert sorted(p.name for p in written) == [p.name for p in committed] and len(committed) == 11
     for p in committed:
         assert (tmp_path / p.name).read_text() == p.read_text(), p.name
+
+
+EXTENDED_TEST_SHA = "4b152df"  # the commit micro_extended ran at on the test split (a clean clone)
+
+
+def test_extended_records_are_micro_extended_s_five_at_the_committed_points():
+    records, trained, scaled = _records(EXTENDED)
+    # Equal budget: the chosen 2 points x 3 seeds per method, each also at micro_main's post-hoc scales. The base and
+    # the reference are micro_main's own records (the same run ids), which the sweep skipped: they are not repeated.
+    assert Counter(r["method"] for r in trained) == {m: 6 for m in FIVE}
+    assert Counter(r["seed"] for r in trained) == {0: 10, 1: 10, 2: 10}
+    per_run = Counter(r["run_id"].split("@")[0] for r in scaled)
+    assert sorted(per_run) == sorted(r["run_id"] for r in trained) and set(per_run.values()) == {len(SCALES)}
+    assert sorted({r["scale"] for r in scaled}) == SCALES
+    for r in records:
+        prov = r["provenance"]
+        assert prov["git_sha"].startswith(EXTENDED_TEST_SHA) and not prov["git_dirty"], r["run_id"]
+        assert r["split"] == "test" and r["status"] == "complete" and r["backbone"] == "micro", r["run_id"]
+    assert {r["cost"]["threads"] for r in trained} == {1}
+    # Each method's trained runs are its two committed points (conf/point/micro_extended_<method>_<i>.yaml), 3 seeds
+    # each.
+    chosen = Counter()
+    for p in (REPO / "conf/point").glob("micro_extended_*.yaml"):
+        cfg = yaml.safe_load(p.read_text())
+        method = cfg["defaults"][0]["override /method"]
+        if method in FIVE:
+            runs = [r for r in trained if r["method"] == method
+                    and all(r["config"]["train"][k] == v for k, v in cfg["train"].items())]
+            assert sorted(r["seed"] for r in runs) == [0, 1, 2], p.name
+            chosen.update(r["run_id"] for r in runs)
+    assert sorted(chosen) == sorted(r["run_id"] for r in trained) and set(chosen.values()) == {1}
+    # The seed-0 trainings are the dev runs that chose the points (committed in dev_records), not trained again.
+    dev = {json.loads(p.read_text())["run_id"]: json.loads(p.read_text())
+           for p in (REPO / EXTENDED / "dev_records").rglob("record.json")}
+    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
+    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0)
+    for run_id, donor in reused.items():
+        assert donor["run_id"] in dev and donor["split"] == "dev" and donor["threads"] == 1, run_id
+        assert donor["git_sha"].startswith(EXTENDED_DEV_SHA) and not donor["git_dirty"], run_id
+
+
+def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were():
+    # Levels are shares of the reference LoRA's gain, so adding five methods moves no level and no main method's number.
+    import pandas as pd
+
+    main, extended = (REPO / folder / "report/data" for folder in (RESULTS, EXTENDED))
+    assert (extended / "thresholds.csv").read_bytes() == (main / "thresholds.csv").read_bytes()
+    before = pd.read_csv(main / "matched_summary.csv")
+    after = pd.read_csv(extended / "matched_summary.csv")
+    assert set(after["method"]) == set(before["method"]) | set(FIVE)
+    kept = after[after["method"].isin(set(before["method"]))].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, before)
