@@ -49,6 +49,7 @@ FILTERS = RESULTS / "filters"  # ATLAS's current filters against its earlier one
 # at a time): micro_main's runs with one intra-op thread each instead of two.
 REPLICATION = RESULTS / "replication"
 REPLICATION_SHA = "12645ec14cf668b47d607f8278edaf82456df18b"
+EXTENDED = RESULTS / "extended"  # the five methods beyond the paper under micro_main's protocol
 
 
 @pytest.mark.parametrize("records,report,reference,variants", [
@@ -58,7 +59,7 @@ REPLICATION_SHA = "12645ec14cf668b47d607f8278edaf82456df18b"
     ([RESULTS / "records", RETUNE / "records"], FILTERS / "report", REFERENCE, ("filter_members", "filter_basis")),
     ([Path("docs/results/micro_extended/records")], Path("docs/results/micro_extended/report"), "lora", ()),
     ([REPLICATION / "records"], REPLICATION / "report", REFERENCE, ()),
-    ([RESULTS / "records", RESULTS / "extended" / "records"], RESULTS / "extended" / "report", REFERENCE, ()),
+    ([RESULTS / "records", EXTENDED / "records"], EXTENDED / "report", REFERENCE, ()),
 ])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -226,7 +227,6 @@ def test_replication_reads_as_the_committed_main_table():
 
 # The five methods beyond the paper under micro_main's protocol: micro_tune_extended on dev on a clean clone of the
 # commit that added the presets, two one-thread runs at a time (its records in dev_records), then `analysis tune`.
-EXTENDED = RESULTS / "extended"
 EXTENDED_DEV_SHA = "53c5f98"
 FIVE = ("milora", "pissa", "dora", "loranull", "fullft")
 
@@ -276,8 +276,7 @@ def test_extended_records_are_micro_extended_s_five_at_the_committed_points():
             chosen.update(r["run_id"] for r in runs)
     assert sorted(chosen) == sorted(r["run_id"] for r in trained) and set(chosen.values()) == {1}
     # The seed-0 trainings are the dev runs that chose the points (committed in dev_records), not trained again.
-    dev = {json.loads(p.read_text())["run_id"]: json.loads(p.read_text())
-           for p in (REPO / EXTENDED / "dev_records").rglob("record.json")}
+    dev = {json.loads(p.read_text())["run_id"] for p in (REPO / EXTENDED / "dev_records").rglob("record.json")}
     reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
     assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0)
     for run_id, donor in reused.items():
