@@ -20,11 +20,13 @@ hardware gives a dense batch of this model, with nothing a suite adds.
 `frozen` (`--floor`): the frozen backbone through the loop's batching, forward and backward to the input
 embeddings, no adapter, no optimizer: the floor under any method's step on these batches.
 
-`--atlas-parts` adds two variants of `method=atlas` that take its step apart: `conditioning=0` (the same layer and
-factors with neither gate nor filter computed: what the residual costs by itself) and the full method with no
+`--atlas-parts` adds three variants of `method=atlas` that take its step apart: `conditioning=0` (the same layer and
+factors with neither gate nor filter computed: what the residual costs by itself), the full method with no
 gradient through the conditioning (`DetachedConditioningSite`: the same forward, the gate and the filter
-coordinates treated as constants in the backward). atlas - detached = the backward through the conditioning;
-detached - conditioning=0 = its forward and the residual's use of it.
+coordinates treated as constants in the backward), and the full method computed in another, equal order
+(`SiteInputSite`: filter and gate applied once to each site's input, the site's A factors as one product).
+atlas - detached = the backward through the conditioning; detached - conditioning=0 = its forward and the
+residual's use of it; atlas - per site = what the per-module order costs against the per-site one.
 
 `--shape` keeps the backbone's tokenizer, vocabulary and data but gives the model the widths of a preset
 (`bench.common.preset_shapes`: qwen3-cpu, or a conf/backbone with `shapes` such as qwen3-8b; `--layers` keeps that
@@ -47,13 +49,15 @@ import dataclasses
 import statistics
 import tempfile
 import time
+import weakref
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from atlas.layer import AtlasSite
+from atlas.atlas import EPS
+from atlas.layer import AtlasLinear, AtlasSite
 from bench.common import REPO, command_line, environment, summary, table, write_json
 
 SCRIPT = "throughput"
@@ -159,9 +163,77 @@ def detach_conditioning(model: torch.nn.Module) -> int:
     return len(sites)
 
 
-#: `--atlas-parts`: ATLAS's step taken apart, each a variant of `method=atlas` (label -> overrides, detached)
-ATLAS_PARTS = {"atlas, conditioning=0": (["method.conditioning=0"], False),
-               "atlas, no gradient through the conditioning": ([], True)}
+class SiteInputSite(AtlasSite):
+    """`atlas.layer.AtlasSite` computing ATLAS's default conditioning (hard assignment, subspace gate, shared filter
+    basis, conditioning 1) in another, mathematically equal order: the filter and the gate applied once to the site's
+    input, x_c = g(x) (x - V (W z)) with (W z) the kept coordinates mapped back into the basis, and the A factors of
+    every module reading the site concatenated into one product x_c [A_1; ..; A_m]^T. Per module only s B (.) is left,
+    LoRA's own second product. A measurement device for whether fewer per-module operations (at the price of n x d
+    work per site) make the step faster (`--atlas-parts`), not a method: the layer keeps its per-module form."""
+
+    members: list
+
+    def low_rank(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, m r): g(x) [A_1; ..; A_m] Pi(x) x for the site's m modules, cached for the most recent input."""
+        if self._last is not None and self._last[0]() is x:
+            return self._last[1]
+        flat = x.reshape(-1, x.shape[-1])
+        n, k = flat.shape[0], self.centers.shape[0]
+        onehot = (self.nearest(flat).unsqueeze(1) == self.center_ids).to(flat.dtype)
+        basis, coefs = self.basis.to(flat.dtype), self.coef_cols.to(flat.dtype)
+        kept = ((flat @ basis) @ coefs).view(n, k, -1) * onehot.unsqueeze(2)  # U_k*^T x in block k*
+        energy = flat.float().square().sum(1)  # the gate in float32, as the layer computes it
+        signal = (energy - kept.view(n, -1).float().square().sum(1)).clamp_min(0.0) / energy.clamp_min(EPS)
+        gate = torch.sigmoid((signal.clamp_min(EPS).log() - self.log_q) * self.gate_slope).unsqueeze(1)
+        filtered = torch.addmm(flat, kept.view(n, -1) @ coefs.T, basis.T, alpha=-1.0)  # Pi(x) x
+        factors = self.members[0].lora_A if len(self.members) == 1 else torch.cat([m.lora_A for m in self.members])
+        out = (filtered * gate.to(flat.dtype)) @ factors.T
+        self._last = (weakref.ref(x), out)
+        return out
+
+
+class SiteInputLinear(AtlasLinear):
+    """`atlas.layer.AtlasLinear` that takes its r columns of its `SiteInputSite`'s shared product (see there)."""
+
+    index: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        r = self.lora_A.shape[0]
+        low = self.site.low_rank(x)[:, self.index * r:(self.index + 1) * r]
+        out = torch.addmm(y.reshape(-1, self.out_features), low, self.lora_B.T, alpha=self.scaling * self.scale_factor)
+        return out.view(y.shape)
+
+
+def site_input_form(model: torch.nn.Module) -> int:
+    """Switch every `AtlasLinear` of `model` and its site to `SiteInputLinear` / `SiteInputSite` in place (ATLAS's
+    default conditioning only; anything else is refused); returns how many sites."""
+    sites: dict[int, AtlasSite] = {}
+    for m in model.modules():
+        if type(m) is not AtlasLinear:
+            continue
+        site = m.site
+        if not (site.assign == "hard" and site.use_gate and site.use_filter and site.gate_signal == "subspace"
+                and site.conditioning == 1.0 and site.basis is not None and m.lora_A.dtype == m.base.weight.dtype):
+            raise ValueError("site_input_form times ATLAS's default conditioning only (hard assignment, subspace gate, "
+                             "a shared filter basis, conditioning 1, factors in the backbone's dtype)")
+        if id(site) not in sites:
+            sites[id(site)] = site
+            site.members = []
+        m.index = len(site.members)
+        site.members.append(m)
+        m.__class__ = SiteInputLinear
+    for site in sites.values():
+        site.clear()
+        site.__class__ = SiteInputSite
+    return len(sites)
+
+
+#: `--atlas-parts`: ATLAS's step taken apart, each a variant of `method=atlas` (label -> overrides, what is done to
+#: the prepared model)
+ATLAS_PARTS = {"atlas, conditioning=0": (["method.conditioning=0"], None),
+               "atlas, no gradient through the conditioning": ([], detach_conditioning),
+               "atlas, filter and gate once per site input": ([], site_input_form)}
 
 
 class PlainFullFT:
@@ -242,8 +314,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--floor", action="store_true",
                     help="also time `frozen`: the frozen backbone through the loop's batching, the floor of any method")
     ap.add_argument("--atlas-parts", action="store_true",
-                    help="also time ATLAS at conditioning=0 (its layer without the conditioning) and with no gradient "
-                         "through the conditioning: where ATLAS's step goes beyond LoRA's")
+                    help="also time ATLAS at conditioning=0 (its layer without the conditioning), with no gradient "
+                         "through the conditioning, and with filter and gate applied once per site input: where "
+                         "ATLAS's step goes beyond LoRA's")
     args = ap.parse_args(argv)
     for key, least in (("repeats", 1), ("steps", 1), ("warmup", 0), ("layers", 1)):
         if getattr(args, key) is not None and getattr(args, key) < least:
@@ -290,12 +363,12 @@ def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, s
         print(f"[prepare] {m}", flush=True)
         variants[m] = LoopVariant(m, args.backbone, args.override, scratch)
         prepare_s[m] = variants[m].prepare_s
-    for label, (overrides, detached) in (ATLAS_PARTS.items() if args.atlas_parts else ()):
+    for label, (overrides, transform) in (ATLAS_PARTS.items() if args.atlas_parts else ()):
         print(f"[prepare] {label}", flush=True)
         variants[label] = LoopVariant("atlas", args.backbone, [*args.override, *overrides], scratch, label=label)
         prepare_s[label] = variants[label].prepare_s
-        if detached:
-            detach_conditioning(variants[label].model)
+        if transform is not None:
+            transform(variants[label].model)
     from experiments.backbones import load_backbone
 
     first = next(iter(variants.values()))

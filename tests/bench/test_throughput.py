@@ -98,6 +98,56 @@ def test_detached_conditioning_has_the_same_forward_and_no_gradient_through_the_
     assert not torch.allclose(grad_full, grad_constants, rtol=1e-3, atol=1e-5)  # the conditioning's gradient is real
 
 
+def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
+    from atlas.atlas import build_site_atlas
+    from atlas.layer import AtlasLinear, AtlasSite
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        site_atlas = build_site_atlas(torch.randn(400, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0,
+                                      gate_signal="subspace", filter_basis=6)
+        torch.manual_seed(1)
+        site = AtlasSite(site_atlas, gate_signal="subspace")
+        site.basis, site.coef_cols = site.basis.double(), site.coef_cols.double()
+        site.filter_cols = site.basis @ site.coef_cols  # U = V W exactly, as the per-site form computes it
+        layers = [AtlasLinear(torch.nn.Linear(12, w), site, rank=2, alpha=4) for w in (5, 7)]  # two modules, one site
+        for layer in layers:
+            torch.nn.init.normal_(layer.lora_B)
+        model = torch.nn.ModuleList(layers)
+        x = (torch.randn(9, 12, generator=g) * 2 + 3).requires_grad_(True)
+
+        def outputs_and_grads():
+            site.clear()
+            outs = [layer(x) for layer in layers]
+            weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outs)]
+            grads = torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights)),
+                                        [x, *(p for layer in layers for p in (layer.lora_A, layer.lora_B))])
+            return outs, grads
+
+        outs, grads = outputs_and_grads()
+        assert throughput.site_input_form(model) == 1
+        assert all(isinstance(layer, throughput.SiteInputLinear) for layer in layers)
+        outs2, grads2 = outputs_and_grads()
+        for a, b in zip([*outs, *grads], [*outs2, *grads2]):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+        # the filter and the gate are real here: without them the outputs differ
+        plain = layers[0].base(x) + (x @ layers[0].lora_A.T) @ layers[0].lora_B.T * layers[0].scaling
+        assert not torch.allclose(plain, outs[0], rtol=1e-3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_site_input_form_refuses_settings_it_does_not_compute():
+    from atlas.atlas import build_site_atlas
+    from atlas.layer import AtlasLinear, AtlasSite
+
+    site_atlas = build_site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace")  # no basis
+    layer = AtlasLinear(torch.nn.Linear(8, 4), AtlasSite(site_atlas, gate_signal="subspace"), rank=2, alpha=4)
+    with pytest.raises(ValueError, match="default conditioning only"):
+        throughput.site_input_form(torch.nn.Sequential(layer))
+
+
 def test_shape_widens_the_model_and_keeps_the_backbone_data(tmp_path, monkeypatch):
     from bench.common import RANDOM_PRESETS
 
