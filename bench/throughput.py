@@ -208,15 +208,17 @@ class SiteInputLinear(AtlasLinear):
 def site_input_form(model: torch.nn.Module) -> int:
     """Switch every `AtlasLinear` of `model` and its site to `SiteInputLinear` / `SiteInputSite` in place (ATLAS's
     default conditioning only; anything else is refused); returns how many sites."""
-    sites: dict[int, AtlasSite] = {}
-    for m in model.modules():
-        if type(m) is not AtlasLinear:
-            continue
+    layers = [m for m in model.modules() if type(m) is AtlasLinear]
+    for m in layers:  # every layer checked before any is switched
         site = m.site
         if not (site.assign == "hard" and site.use_gate and site.use_filter and site.gate_signal == "subspace"
-                and site.conditioning == 1.0 and site.basis is not None and m.lora_A.dtype == m.base.weight.dtype):
-            raise ValueError("site_input_form times ATLAS's default conditioning only (hard assignment, subspace gate, "
-                             "a shared filter basis, conditioning 1, factors in the backbone's dtype)")
+                and site.gate_temperature == 1.0 and site.conditioning == 1.0 and site.basis is not None
+                and m.lora_A.dtype == m.base.weight.dtype):
+            raise ValueError("site_input_form times ATLAS's default conditioning only (hard assignment, subspace gate "
+                             "at temperature 1, a shared filter basis, conditioning 1, factors in the backbone's dtype)")
+    sites: dict[int, AtlasSite] = {}
+    for m in layers:
+        site = m.site
         if id(site) not in sites:
             sites[id(site)] = site
             site.members = []

@@ -146,6 +146,16 @@ def test_site_input_form_refuses_settings_it_does_not_compute():
     layer = AtlasLinear(torch.nn.Linear(8, 4), AtlasSite(site_atlas, gate_signal="subspace"), rank=2, alpha=4)
     with pytest.raises(ValueError, match="default conditioning only"):
         throughput.site_input_form(torch.nn.Sequential(layer))
+    with_basis = build_site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace", filter_basis=4)
+    for setting in ({"gate_temperature": 2.0}, {"conditioning": 0.5}, {"assign": "soft"}):
+        site = AtlasSite(with_basis, gate_signal="subspace", **setting)
+        layer = AtlasLinear(torch.nn.Linear(8, 4), site, rank=2, alpha=4)
+        with pytest.raises(ValueError, match="default conditioning only"):
+            throughput.site_input_form(torch.nn.Sequential(layer))
+    good = AtlasLinear(torch.nn.Linear(8, 4), AtlasSite(with_basis, gate_signal="subspace"), rank=2, alpha=4)
+    with pytest.raises(ValueError, match="default conditioning only"):
+        throughput.site_input_form(torch.nn.Sequential(good, layer))
+    assert type(good) is AtlasLinear and type(good.site) is AtlasSite  # a refused model is left as it was
 
 
 def test_shape_widens_the_model_and_keeps_the_backbone_data(tmp_path, monkeypatch):
