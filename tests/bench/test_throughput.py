@@ -129,8 +129,8 @@ def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
         assert throughput.site_input_form(model) == 1
         assert all(isinstance(layer, throughput.SiteInputLinear) for layer in layers)
         outs2, grads2 = outputs_and_grads()
-        for a, b in zip([*outs, *grads], [*outs2, *grads2]):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+        for a, b in zip([*outs, *grads], [*outs2, *grads2]):  # to float32 rounding: both take the gate in float32
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
         # the filter and the gate are real here: without them the outputs differ
         plain = layers[0].base(x) + (x @ layers[0].lora_A.T) @ layers[0].lora_B.T * layers[0].scaling
         assert not torch.allclose(plain, outs[0], rtol=1e-3)
