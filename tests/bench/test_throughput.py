@@ -102,6 +102,7 @@ def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
     from atlas.atlas import build_site_atlas
     from atlas.layer import AtlasLinear, AtlasSite
 
+    previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         g = torch.Generator().manual_seed(0)
@@ -135,7 +136,7 @@ def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
         plain = layers[0].base(x) + (x @ layers[0].lora_A.T) @ layers[0].lora_B.T * layers[0].scaling
         assert not torch.allclose(plain, outs[0], rtol=1e-3)
     finally:
-        torch.set_default_dtype(torch.float32)
+        torch.set_default_dtype(previous)
 
 
 def test_site_input_form_refuses_settings_it_does_not_compute():
