@@ -437,6 +437,45 @@ def summary(seconds: list[float]) -> dict:
             "repeats": len(s), "all_s": s}
 
 
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> Optional[dict]:
+    """Distribution-free interval for the median of the population `values` were drawn from: the order statistics
+    x_(k) and x_(n+1-k) (1-based, ascending) with the largest k whose coverage 1 - 2 P(Bin(n, 1/2) <= k - 1) is at
+    least `confidence`, or the range (k = 1) with its smaller coverage where n is too small for that (n <= 5 at 0.95).
+
+    Returns {"low", "high", "coverage", "k"}; None for fewer than 2 values. It assumes only that the values are
+    independent draws (here: timed rounds), not their distribution. Written out because the suite does not depend
+    on scipy, and the interval is a binomial sum over order statistics.
+    """
+    import math
+
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"median_interval: confidence={confidence}; must be in (0, 1)")
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n < 2:
+        return None
+
+    def coverage(k: int) -> float:  # P(x_(k) <= median <= x_(n+1-k)) = 1 - 2 P(Bin(n, 1/2) <= k - 1)
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
+        k += 1
+    return {"low": xs[k - 1], "high": xs[n - k], "coverage": coverage(k), "k": k}
+
+
+def interval_verdict(interval: Optional[dict], target: float, at_least: bool) -> Optional[str]:
+    """A target judged by a whole `median_interval`: 'met' where all of it satisfies the target (>= target when
+    `at_least`, else <= target), 'missed' where none of it does, 'unresolved' where it contains the target (the
+    rounds' spread cannot tell); None without an interval."""
+    if interval is None:
+        return None
+    low, high = interval["low"], interval["high"]
+    if at_least:
+        return "met" if low >= target else ("missed" if high < target else "unresolved")
+    return "met" if high <= target else ("missed" if low > target else "unresolved")
+
+
 def peak_memory(device: torch.device) -> Optional[int]:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 

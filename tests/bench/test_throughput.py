@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from bench import throughput
+from bench.common import interval_verdict
 
 
 def test_shares_of_plain_full_fine_tuning_and_the_frozen_floor(tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "throughput.json"
-    throughput.main(["--methods", "lora", "--groups", "3,1", "--steps", "1", "--repeats", "1", "--warmup", "0",
+    throughput.main(["--methods", "lora", "--groups", "3,1", "--steps", "1", "--repeats", "2", "--warmup", "0",
                      "--floor", "--out", str(out)])
     payload = json.loads(out.read_text())
     assert payload["complete"]
@@ -25,7 +26,19 @@ def test_shares_of_plain_full_fine_tuning_and_the_frozen_floor(tmp_path, monkeyp
         assert r["share_of_plain"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
     # the same examples in either layout: the same real tokens
     assert rows[("lora", 3)]["tokens"] == rows[("lora", 1)]["tokens"] == rows[("frozen", 3)]["tokens"]
-    assert rows[("lora", 3)]["target"] == {"share_of_plain": 1.0, "met": rows[("lora", 3)]["share_of_plain"] >= 1.0}
+    # paired by round: each round's share is the method's tokens/s over plain's in that same round
+    for key, r in rows.items():
+        assert len(r["rounds_s"]) == len(r["share_per_round"]) == 2 and sorted(r["rounds_s"]) == r["all_s"]
+        for t, p, share in zip(r["rounds_s"], plain["rounds_s"], r["share_per_round"]):
+            assert share == pytest.approx((r["tokens"] / t) / (plain["tokens"] / p))
+        # two rounds: the interval of the median is their range, which covers it with probability 1/2
+        assert r["share_interval"]["low"] == min(r["share_per_round"])
+        assert r["share_interval"]["high"] == max(r["share_per_round"])
+        assert r["share_interval"]["coverage"] == pytest.approx(0.5)
+    assert plain["share_per_round"] == [1.0, 1.0]
+    lora = rows[("lora", 3)]
+    assert lora["target"] == {"share_of_plain": 1.0, "met": lora["share_of_plain"] >= 1.0,
+                              "by_rounds": interval_verdict(lora["share_interval"], 1.0, at_least=True)}
 
 
 def test_plain_reference_trains_a_private_copy(tmp_path):
