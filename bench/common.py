@@ -476,6 +476,27 @@ def interval_verdict(interval: Optional[dict], target: float, at_least: bool) ->
     return "met" if high <= target else ("missed" if low > target else "unresolved")
 
 
+def paired_target(times: dict[str, list[float]], ratio: str, limit: float) -> dict:
+    """The fields a latency-ratio target `ratio` ("a/b", at most `limit`) gets from paired rounds of `interleaved`:
+    each round's time of a over b's in the same round, their median, the `median_interval` of that median and
+    the target's verdict by it (`interval_verdict`)."""
+    a, b = ratio.split("/")
+    per_round = [ta / tb for ta, tb in zip(times[a], times[b])]
+    interval = median_interval(per_round)
+    return {"per_round": per_round, "median_of_rounds": statistics.median(per_round), "interval": interval,
+            "by_rounds": interval_verdict(interval, limit, at_least=False)}
+
+
+def paired_target_line(target: dict) -> Optional[str]:
+    """One printed line for a target with `paired_target`'s fields; None without an interval."""
+    iv = target["interval"]
+    if iv is None:
+        return None
+    return (f"target {target['ratio']} <= {target['limit']}: median of the rounds' ratios "
+            f"{target['median_of_rounds']:.2f}x, interval {iv['low']:.2f}-{iv['high']:.2f}x "
+            f"(coverage {iv['coverage']:.1%}): {target['by_rounds']}")
+
+
 def peak_memory(device: torch.device) -> Optional[int]:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 

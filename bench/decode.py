@@ -27,7 +27,6 @@ verdict by that interval: met, missed, or unresolved where the interval contains
 from __future__ import annotations
 
 import copy
-import statistics
 from typing import Optional, Sequence
 
 import torch
@@ -36,7 +35,7 @@ from transformers import GenerationConfig
 from bench.common import (
     EARLIER_FILTERS, add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
     summary, table, use_legacy_atlas, write_json,
-    selected_variants, interval_verdict, median_interval,
+    selected_variants, paired_target, paired_target_line,
 )
 
 SCRIPT = "decode"
@@ -123,18 +122,11 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
                   if a in med and b in med}
         entry = {"batch_size": batch_size, "variants": variants, "ratios": ratios, "atlas_prev_same_tokens": same}
         if batch_size == TARGET[2] and TARGET[0] in ratios:
-            # Paired by round as well: each round's atlas/lora latency ratio, and the interval of their median.
-            a, b = TARGET[0].split("/")
-            per_round = [ta / tb for ta, tb in zip(times[a], times[b])]
-            interval = median_interval(per_round)
             entry["target"] = {"ratio": TARGET[0], "limit": TARGET[1], "value": ratios[TARGET[0]],
-                               "met": ratios[TARGET[0]] <= TARGET[1], "per_round": per_round,
-                               "median_of_rounds": statistics.median(per_round), "interval": interval,
-                               "by_rounds": interval_verdict(interval, TARGET[1], at_least=False)}
-            if interval is not None:
-                print(f"target {TARGET[0]} <= {TARGET[1]} at batch {batch_size}: median of the rounds' ratios "
-                      f"{entry['target']['median_of_rounds']:.2f}x, interval {interval['low']:.2f}-{interval['high']:.2f}x "
-                      f"(coverage {interval['coverage']:.1%}): {entry['target']['by_rounds']}", flush=True)
+                               "met": ratios[TARGET[0]] <= TARGET[1], **paired_target(times, TARGET[0], TARGET[1])}
+            line = paired_target_line(entry["target"])
+            if line:
+                print(f"{line} (batch {batch_size})", flush=True)
         result["batches"].append(entry)
         rows = [[n, variants[n]["ms_per_token"], variants[n]["tokens_per_s"], f"{variants[n]['iqr_rel'] * 100:.1f}%",
                  med[n] / med["base"] if "base" in med else "-", med[n] / med["lora"] if "lora" in med else "-"]

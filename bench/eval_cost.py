@@ -12,6 +12,8 @@ the reference cache would pick under the default 1 GiB budget is named. Timed, i
 cache, per-response sums) and a plain `model(input_ids, attention_mask)` over the very same
 padded batches (built outside the timing). Sequences: micro's retained evaluation prompts with
 their gold responses; random presets: `--kl-seqs` random sequences of `--kl-prompt` + `--kl-response` tokens.
+The target ratio is also taken per round and judged by the interval of those ratios' median
+(`bench.common.paired_target`: met, missed, or unresolved).
 
 (b) N adapted micro models (ATLAS, different factors) are evaluated with `evaluate.evaluate_run`
 (the whole run evaluation: retained KL, math answers, choices, code pass@1 in the sandbox) once
@@ -33,7 +35,7 @@ import torch
 from bench.common import (
     REPO, add_atlas, command_line, common_parser, environment, interleaved, load_preset, micro_backbone_config,
     micro_benchmark, random_pairs, randomize_b, retained_pairs, settings, shared_copy, summary, synchronize, table,
-    write_json,
+    write_json, paired_target, paired_target_line,
 )
 
 SCRIPT = "eval_cost"
@@ -96,12 +98,15 @@ def part_a(shape: str, st, args) -> dict:
     value = ratios[f"kl_{auto}/forward"]
     result = {"shape": shape, "backbone": bb.describe(), "sequences": len(prompts), "response_tokens": n_tokens,
               "batch_size": bs, "reference_mode_at_default_budget": auto, "variants": variants, "ratios": ratios,
-              "target": {"ratio": f"kl_{auto}/forward", "limit": TARGET_A, "value": value, "met": value <= TARGET_A}}
+              "target": {"ratio": f"kl_{auto}/forward", "limit": TARGET_A, "value": value, "met": value <= TARGET_A,
+                         **paired_target(times, f"kl_{auto}/forward", TARGET_A)}}
     print(f"\n{shape}: retained KL vs a plain forward, median of {args.repeats} ({len(prompts)} sequences, "
           f"{n_tokens} response tokens; the reference cache would store `{auto}`)")
     print(table(["call", "ms", "min ms", "IQR", "x forward"],
                 [[n, med[n] * 1e3, variants[n]["min_s"] * 1e3, f"{variants[n]['iqr_rel'] * 100:.1f}%",
                   med[n] / med["forward"]] for n in calls]) + "\n", flush=True)
+    if paired_target_line(result["target"]):
+        print(paired_target_line(result["target"]), flush=True)
     return result
 
 

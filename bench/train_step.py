@@ -20,7 +20,9 @@ with labels, backward, gradient clipping at 1.0, AdamW step, zero_grad. Variants
   (`atlas`'s are two, d P + P K R).
 
 All variants share the backbone's frozen weight tensors and the same batch; they are timed in
-interleaved rounds (order rotated each round) after warm-up, and the median is reported.
+interleaved rounds (order rotated each round) after warm-up, and the median is reported. The target ratio
+(atlas/lora) is also taken per round and judged by the interval of those ratios' median
+(`bench.common.paired_target`: met, missed, or unresolved).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from bench.common import (
     EARLIER_FILTERS, add_atlas, add_lora, clear_atlas_caches, command_line, common_parser, environment, interleaved, load_preset,
     peak_memory, reset_peak_memory, settings, shared_copy, summary, table, timed, train_batch, use_legacy_atlas,
     write_json,
-    selected_variants,
+    selected_variants, paired_target, paired_target_line,
 )
 
 SCRIPT = "train_step"
@@ -142,7 +144,7 @@ def bench_shape(shape: str, st, args, names: list[str]) -> dict:
               "variants": variants, "ratios": ratios}
     if TARGET[0] in ratios:
         result["target"] = {"ratio": TARGET[0], "limit": TARGET[1], "value": ratios[TARGET[0]],
-                            "met": ratios[TARGET[0]] <= TARGET[1]}
+                            "met": ratios[TARGET[0]] <= TARGET[1], **paired_target(times, TARGET[0], TARGET[1])}
     if "fullft" in med:
         for n in names:  # throughput as a share of plain full fine-tuning's, on the same batch
             variants[n]["share_of_fullft_throughput"] = med["fullft"] / med[n]
@@ -155,6 +157,8 @@ def bench_shape(shape: str, st, args, names: list[str]) -> dict:
           f"{tokens} tokens = {real_share * 100:.0f}% of the padded positions, {bb.dtype}, {bb.device})")
     print(table(["variant", "ms/step", "min ms", "IQR", "tokens/s", "of fullft", "x base", "x lora"], rows) + "\n",
           flush=True)
+    if "target" in result and paired_target_line(result["target"]):
+        print(paired_target_line(result["target"]), flush=True)
     del models, steps
     return result
 

@@ -1,12 +1,13 @@
-"""bench.common.median_interval (the order-statistic interval for a median, its coverage, its refusals) and
-interval_verdict (a target judged by the whole interval)."""
+"""bench.common.median_interval (the order-statistic interval for a median, its coverage, its refusals),
+interval_verdict (a target judged by the whole interval) and paired_target (a latency-ratio target from paired
+rounds)."""
 
 import math
 import random
 
 import pytest
 
-from bench.common import interval_verdict, median_interval
+from bench.common import interval_verdict, median_interval, paired_target, paired_target_line
 
 
 def binomial_coverage(n: int, k: int) -> float:
@@ -52,3 +53,22 @@ def test_a_target_is_judged_by_the_whole_interval(low, high, at_least, verdict):
     target = 1.0 if at_least else 1.15
     assert interval_verdict({"low": low, "high": high, "coverage": 0.97, "k": 6}, target, at_least) == verdict
     assert interval_verdict(None, target, at_least) is None
+
+
+def test_a_latency_ratio_target_from_paired_rounds():
+    # round 3 is slow for both variants alike: paired, its ratio is as the others'; unpaired it would not be
+    times = {"atlas": [1.10, 1.12, 3.30, 1.08, 1.11], "lora": [1.00, 1.00, 3.00, 1.00, 1.00]}
+    got = paired_target(times, "atlas/lora", 1.15)
+    assert got["per_round"] == pytest.approx([1.10, 1.12, 1.10, 1.08, 1.11])
+    assert got["median_of_rounds"] == pytest.approx(1.10)
+    # 5 rounds: the interval is their range, coverage 1 - 2/32
+    assert got["interval"]["low"] == pytest.approx(1.08) and got["interval"]["high"] == pytest.approx(1.12)
+    assert got["interval"]["coverage"] == pytest.approx(0.9375)
+    assert got["by_rounds"] == "met"
+    assert paired_target(times, "atlas/lora", 1.09)["by_rounds"] == "unresolved"
+    assert paired_target(times, "atlas/lora", 1.05)["by_rounds"] == "missed"
+    line = paired_target_line({"ratio": "atlas/lora", "limit": 1.15, **got})
+    assert "1.10x" in line and "1.08-1.12x" in line and line.endswith("met")
+    one_round = paired_target({"a": [1.0], "b": [1.0]}, "a/b", 1.0)
+    assert one_round["interval"] is None and one_round["by_rounds"] is None
+    assert paired_target_line({"ratio": "a/b", "limit": 1.0, **one_round}) is None

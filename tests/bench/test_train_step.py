@@ -6,7 +6,7 @@ import json
 import torch
 
 from bench import train_step
-from bench.common import Settings, load_preset, train_batch
+from bench.common import Settings, interval_verdict, load_preset, train_batch
 
 
 def test_full_fine_tuning_trains_a_private_copy_and_leaves_the_shared_weights_alone(tmp_path):
@@ -37,3 +37,16 @@ def test_result_has_each_variants_share_of_full_fine_tuning(tmp_path):
     assert result["ratios"]["lora/fullft"] == v["lora"]["median_s"] / v["fullft"]["median_s"]
     assert 0 < result["batch"]["real_token_share"] <= 1
     assert v["lora"]["tokens_per_s"] == result["batch"]["tokens"] / v["lora"]["median_s"]
+
+
+def test_the_target_ratio_also_from_paired_rounds(tmp_path):
+    out = tmp_path / "train_step.json"
+    train_step.main(["--shape", "micro", "--variants", "lora,atlas", "--repeats", "3", "--warmup", "0",
+                     "--batch", "2", "--seq", "32", "--atlas-cache", str(tmp_path / "atlas"), "--out", str(out)])
+    result = json.loads(out.read_text())["results"][0]
+    target, v = result["target"], result["variants"]
+    assert target["value"] == v["atlas"]["median_s"] / v["lora"]["median_s"] and target["limit"] == 1.25
+    assert len(target["per_round"]) == 3 and target["median_of_rounds"] == sorted(target["per_round"])[1]
+    interval = target["interval"]
+    assert interval["low"] == min(target["per_round"]) and interval["high"] == max(target["per_round"])
+    assert target["by_rounds"] == interval_verdict(target["interval"], 1.25, at_least=False)
