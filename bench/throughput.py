@@ -445,6 +445,5 @@ def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, s
     return payload
 
 
-
 if __name__ == "__main__":
     main()
