@@ -44,9 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--primary", type=int, default=None, metavar="I",
                    help="index of the level used by single-level tables and figures (default: the middle one)")
     r.add_argument("--interpolate", action=argparse.BooleanOptionalAction, default=True,
-                   help="KL where each seed's Pareto front (all its trained points and post-hoc scales) crosses the "
-                        "level, linearly between the front's points (default); --no-interpolate: the least KL among "
-                        "the points that reach the level")
+                   help="per seed, KL where each training run's post-hoc scale curve reaches the level, linearly "
+                        "between the curve's points, the least over the method's runs (default); --no-interpolate: "
+                        "the least KL among the points that reach the level")
     r.add_argument("--wandb", action="append", default=[], metavar="ENTITY/PROJECT",
                    help="also read the runs of this W&B project (repeatable)")
     r.add_argument("--variants", nargs="+", default=[], metavar="KNOB",

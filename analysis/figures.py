@@ -3,8 +3,9 @@
 - pareto_<backbone>_<domain>: pass@1 against retained KL of ATLAS and the baselines (and
   pareto_ablation_<backbone>_mean: of ATLAS and its variants), one colour and marker per method;
   sweep-point means with 95% t-intervals over seeds (both axes), each method's frontier as a line
-  (frontier points filled, dominated points hollow), post-hoc scales of one training run joined by
-  a dotted line, the base model as a star, the requirement levels as dotted horizontal lines.
+  (`analysis.pareto`: the lower envelope of its training runs' scale curves, so no line joins two runs;
+  frontier points filled, the others hollow), post-hoc scales of one training run joined by a dotted
+  line, the base model as a star, the requirement levels as dotted horizontal lines.
 - answers_<backbone>: bars of the answer-level rates at the primary level (one panel per rate).
 - ablation_<backbone>: bars of the ATLAS variants' KL at every requirement level.
 
@@ -28,7 +29,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from analysis import methods as M
 from analysis.analyze import Analysis, summary_of
-from analysis.pareto import domain_label
+from analysis.pareto import domain_label, envelope_line, run_fronts
 from analysis.tables import group_label
 
 WIDTH_IN = 3.3
@@ -139,8 +140,10 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
                 tg = tg.sort_values("scale", kind="mergesort")
                 ax.plot(tg["y_mean"], tg["x_mean"], linestyle=":", linewidth=0.6, color=st.color, zorder=z - 1)
         front = g[g["on_frontier"].astype(bool)].sort_values(["y_mean", "x_mean"], kind="mergesort")
-        if len(front) > 1:
-            ax.plot(front["y_mean"], front["x_mean"], linestyle="-", color=st.color, linewidth=1.0, zorder=z)
+        line = envelope_line(run_fronts(list(g["x_mean"]), list(g["y_mean"]), list(g["train_key"])))
+        if len(line) > 1:
+            ax.plot([kl for _, kl in line], [p for p, _ in line], linestyle="-", color=st.color, linewidth=1.0,
+                    zorder=z)
         ax.plot(front["y_mean"], front["x_mean"], linestyle="none", marker=st.marker, color=st.color,
                 markersize=4, zorder=z + 1)
         dom = g[~g["on_frontier"].astype(bool)]

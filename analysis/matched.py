@@ -2,9 +2,12 @@
 
 For a requirement level c (pass@1 >= c), a method and a seed: the least retained KL among the
 method's sweep points whose run with that seed meets c; "not reached" when none does. With
-`interpolate`, the KL where the seed's Pareto frontier (pass@1 against KL) crosses c, linearly
-between the two frontier points around c (never extrapolated: not reached above the frontier's
-best pass@1; the frontier's lowest KL below its least pass@1). Then, over seeds: mean, standard
+`interpolate`, the KL where the seed's frontier (pass@1 against KL; `analysis.pareto`) reaches c: per
+training run, linearly between the two points of the run's curve (its post-hoc scales) around c, never
+extrapolated (not reached above the curve's best pass@1; the curve's lowest KL below its least pass@1),
+then the least over the method's runs, so a further trained point never raises a method's value and no line
+joins two different runs. Without post-hoc scales each run is one point and the two readings agree. Then,
+over seeds: mean, standard
 deviation and a 95% t-interval of the seeds that reach c, and a paired comparison of ATLAS
 against each other method over the seeds where both reach c.
 
@@ -26,12 +29,11 @@ import pandas as pd
 
 from analysis import methods as M
 from analysis import schema
-from analysis.pareto import frontier_mask, per_seed
+from analysis.pareto import TOL, envelope_value, per_seed, run_fronts
 from analysis.stats import bootstrap_interval, paired, summarize
 
 DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
 DEFAULT_REFERENCE = "lora"
-TOL = 1e-9   # pass@1 within this of the level counts as meeting it (float noise in level arithmetic)
 
 
 @dataclass(frozen=True)
@@ -182,20 +184,6 @@ def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str,
     return lo + level.value * (hi - lo)
 
 
-def _interp(points: list[tuple[float, float]], c: float) -> Optional[float]:
-    """KL where the frontier (x ascending, y ascending) reaches pass@1 = c; None above its best x."""
-    if not points or points[-1][0] < c - TOL:
-        return None
-    if c <= points[0][0] + TOL:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x0 < c <= x1 + TOL:
-            if x1 <= c:
-                return y1
-            return y0 + (c - x0) / (x1 - x0) * (y1 - y0)
-    return points[-1][1]
-
-
 def per_seed_matched(
     df: pd.DataFrame,
     levels: Sequence[Level],
@@ -228,12 +216,9 @@ def per_seed_matched(
                     if meets:
                         best = min(meets, key=lambda i: (ys[i], -xs[i], keys[i]))
                         row.update({"kl": ys[best], "pass@1": xs[best], "sweep_key": keys[best]})
-                        if interpolate:
-                            mask = frontier_mask(xs, ys)
-                            front = sorted((xs[i], ys[i]) for i in range(len(xs)) if mask[i])
-                            value = _interp(front, c)
-                            if value is not None:
-                                row.update({"kl": value, "interpolated": value != ys[best]})
+                        if interpolate:  # `best` meets c, so its run reaches c and the value exists
+                            value = envelope_value(run_fronts(xs, ys, list(gs["train_key"])), c)
+                            row.update({"kl": value, "interpolated": value != ys[best]})
                     rows.append(row)
     return pd.DataFrame(rows, columns=cols)
 

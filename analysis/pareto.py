@@ -1,9 +1,19 @@
-"""Sweep points with their spread over seeds, and Pareto frontiers of coding performance against retained KL.
+"""Sweep points with their spread over seeds, and the frontiers of coding performance against retained KL.
 
 A sweep point is (method, backbone, benchmark, knob values without the seed); its seeds give a
-mean and a 95% t-interval of pass@1 and of the retained KL. A point is on its method's frontier
-when no other point of the method has pass@1 at least as high and KL at least as low with one
-of them strictly better (frontier over the sweep-point means).
+mean and a 95% t-interval of pass@1 and of the retained KL.
+
+A method's frontier is built from its training runs, not from its points pooled: each training run's
+points (the run at scale 1 and its post-hoc scales, which share a `train_key`) form a curve, the run's
+points that no other point of the same run dominates, in pass@1 order. Between two adjacent points of one
+curve a model exists (the same run at an intermediate scale), so the curve is read linearly there; between
+points of two different runs no model exists, so no line joins them. The method's frontier is the lower
+envelope of its curves: at a pass@1 c, the least over its runs of the KL where the run's curve reaches c
+(the curve's lowest KL below its least pass@1; the run does not count above its best pass@1). A point is on
+the frontier when its KL is that envelope's value at its pass@1. A further training run can only lower the
+envelope; pooling the runs' points into one Pareto set and joining neighbours of different runs would not
+(a point of one run that lies above the straight line between two points of another run would raise the
+value read between them).
 """
 
 from __future__ import annotations
@@ -70,6 +80,80 @@ def frontier_mask(x: Sequence[float], y: Sequence[float]) -> list[bool]:
     return mask
 
 
+TOL = 1e-9   # pass@1 within this of a level counts as meeting it (float noise in level arithmetic)
+
+
+def run_fronts(x: Sequence[float], y: Sequence[float], runs: Sequence) -> list[list[tuple[float, float]]]:
+    """Each training run's curve: per distinct value of `runs` (the points' `train_key`), the (x, y) of that run's
+    points that no other point of the same run dominates (`frontier_mask`), x (pass@1) ascending."""
+    fronts = []
+    for run in dict.fromkeys(runs):
+        idx = [i for i, r in enumerate(runs) if r == run]
+        xs, ys = [x[i] for i in idx], [y[i] for i in idx]
+        mask = frontier_mask(xs, ys)
+        fronts.append(sorted((xs[j], ys[j]) for j in range(len(xs)) if mask[j]))
+    return fronts
+
+
+def front_value(front: Sequence[tuple[float, float]], c: float) -> Optional[float]:
+    """The y (KL) where one run's curve (x ascending, y ascending) reaches x = c: linear between its two points
+    around c, its lowest y below its least x, None above its best x (no extrapolation)."""
+    if not front or front[-1][0] < c - TOL:
+        return None
+    if c <= front[0][0] + TOL:
+        return front[0][1]
+    for (x0, y0), (x1, y1) in zip(front, front[1:]):
+        if x0 < c <= x1 + TOL:
+            if x1 <= c:
+                return y1
+            return y0 + (c - x0) / (x1 - x0) * (y1 - y0)
+    return front[-1][1]
+
+
+def envelope_value(fronts: Sequence[Sequence[tuple[float, float]]], c: float) -> Optional[float]:
+    """The frontier's KL at pass@1 = c: the least `front_value` over the runs' curves; None when no run reaches c."""
+    values = [v for v in (front_value(f, c) for f in fronts) if v is not None]
+    return min(values) if values else None
+
+
+def envelope_line(fronts: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """The frontier as a polyline (x, y), x ascending, exact: the envelope evaluated at every point of the curves,
+    at every crossing of two curves' pieces and on both sides of every curve's end (where the envelope steps up
+    to the next run's curve); between these x values it is linear."""
+    fronts = [list(f) for f in fronts if f]
+    if not fronts:
+        return []
+    lo = min(f[0][0] for f in fronts)
+    breaks = {x for f in fronts for x, _ in f}
+
+    def pieces(front):  # (x0, y0, x1, y1): the flat piece below the curve's least x, then its segments
+        out = [(lo, front[0][1], front[0][0], front[0][1])] if front[0][0] > lo else []
+        return out + [(a[0], a[1], b[0], b[1]) for a, b in zip(front, front[1:])]
+
+    all_pieces = [pieces(f) for f in fronts]
+    for i in range(len(fronts)):
+        for j in range(i + 1, len(fronts)):
+            for (a0, b0, a1, b1) in all_pieces[i]:
+                for (c0, d0, c1, d1) in all_pieces[j]:
+                    left, right = max(a0, c0), min(a1, c1)
+                    if right - left <= TOL:
+                        continue
+                    s1, s2 = (b1 - b0) / (a1 - a0), (d1 - d0) / (c1 - c0)
+                    if s1 == s2:
+                        continue
+                    xc = (d0 - s2 * c0 - b0 + s1 * a0) / (s1 - s2)
+                    if left + TOL < xc < right - TOL:
+                        breaks.add(xc)
+    line = []
+    for b in sorted(breaks):
+        here = envelope_value(fronts, b)
+        line.append((b, here))
+        after = [front_value(f, b) for f in fronts if f[-1][0] > b + TOL]
+        if after and min(after) > here + TOL:  # a curve ends here; beyond it the next one's values apply
+            line.append((b, min(after)))
+    return line
+
+
 def sweep_points(df: pd.DataFrame, y_col: str, x_col: str = schema.TARGET_COL, confidence: float = 0.95) -> pd.DataFrame:
     """One row per sweep point with the seeds' mean, std and t-interval of x and y, and `on_frontier`
     (the frontier of the point's method on its backbone and benchmark, over the means).
@@ -102,8 +186,11 @@ def sweep_points(df: pd.DataFrame, y_col: str, x_col: str = schema.TARGET_COL, c
         points = points.join(knobs, on="sweep_key")
     points["on_frontier"] = False
     for _, g in points.groupby(["backbone", "benchmark", "method"], sort=True):
-        mask = frontier_mask(list(g["x_mean"]), list(g["y_mean"]))
-        points.loc[g.index, "on_frontier"] = mask
+        xs, ys = list(g["x_mean"]), list(g["y_mean"])
+        fronts = run_fronts(xs, ys, list(g["train_key"]))
+        own = {(x, y) for f in fronts for x, y in f}
+        points.loc[g.index, "on_frontier"] = [(x, y) in own and y <= envelope_value(fronts, x) + TOL
+                                              for x, y in zip(xs, ys)]
     points = points[cols]
     for c in ("x_std", "x_lo", "x_hi", "y_std", "y_lo", "y_hi"):
         points[c] = points[c].astype(float)

@@ -165,7 +165,8 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
     lines += ["## Requirement levels", ""]
     lines.append("Levels: " + ", ".join(f"`{lv.spec}` ({lv.label})" for lv in a.levels)
                  + f"; primary level (single-level tables and figures): `{a.primary_level.spec}`"
-                 + ("; KL interpolated along per-seed frontiers." if a.interpolate else "; no interpolation."))
+                 + ("; KL interpolated along each training run's scale curve, the least over a method's runs, per seed."
+                    if a.interpolate else "; no interpolation."))
     lines.append("")
     if any(lv.kind == "gain" for lv in a.levels):
         lines.append(f"Gain levels are shares of the coding gain of the reference point `{a.reference.spec}` "

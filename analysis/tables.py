@@ -71,7 +71,8 @@ def _level_notes(a: Analysis, levels: list[Level]) -> list[str]:
 
 
 def _kl_note(a: Analysis, what: str = "retained KL (token mean, averaged over retained domains)") -> str:
-    how = ("linearly interpolated along each seed's Pareto frontier to the level"
+    how = ("linearly interpolated to the level along each training run's post-hoc scale curve, the least over "
+           "the method's runs"
            if a.interpolate else "least value among the method's sweep points meeting the level")
     return (f"Cells: {what} at the matched coding requirement, {how}, per seed; mean ± half-width of the "
             f"{int(a.confidence * 100)}% t-interval over seeds. (k/n seeds): only k of n seeds reach the level; "

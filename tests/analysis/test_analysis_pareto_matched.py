@@ -11,7 +11,7 @@ from analysis import schema
 from analysis.collect import make_table
 from analysis.matched import (compare, gain_range, parse_level, parse_levels, parse_reference, per_seed_matched,
                               summarize_matched, threshold)
-from analysis.pareto import domains, frontier, frontier_mask, sweep_points
+from analysis.pareto import domains, envelope_line, envelope_value, frontier, frontier_mask, run_fronts, sweep_points
 
 T975 = {1: 12.706204736, 2: 4.302652730}
 
@@ -118,21 +118,92 @@ def test_matched_least_kl_per_seed_and_not_reached(sweep_table):
     assert summ.loc[("lora", "0.39"), "mean"] == pytest.approx(0.1)
 
 
-def test_interpolation_along_each_seeds_frontier(sweep_table):
-    ps = per_seed_matched(sweep_table, parse_levels(["0.25", "0.3", "0.15", "0.39"]), interpolate=True,
-                          methods=["atlas"]).set_index(["level_spec", "seed"])
-    # seed 0 frontier: (0.20, 0.010) (0.30, 0.020) (0.40, 0.050)
-    assert ps.loc[("0.25", 0), "kl"] == pytest.approx(0.015)   # halfway between the first two
-    assert ps.loc[("0.3", 0), "kl"] == pytest.approx(0.020)    # exactly on a point
-    assert ps.loc[("0.15", 0), "kl"] == pytest.approx(0.010)   # below the frontier: its lowest KL
-    assert ps.loc[("0.39", 0), "kl"] == pytest.approx(0.020 + 0.9 * 0.030)
+def test_interpolation_never_joins_two_training_runs(sweep_table):
+    """Without post-hoc scales every training run is a single point: no model lies between two runs (steps 100 and
+    300 are different trainings), so the interpolated reading is the least KL among the points meeting the level."""
+    levels = parse_levels(["0.25", "0.3", "0.15", "0.39"])
+    ps = per_seed_matched(sweep_table, levels, interpolate=True, methods=["atlas"]).set_index(["level_spec", "seed"])
+    plain = per_seed_matched(sweep_table, levels, methods=["atlas"]).set_index(["level_spec", "seed"])
+    assert ps.loc[("0.25", 0), "kl"] == pytest.approx(0.020)   # steps 300, not halfway to steps 100's 0.010
+    assert ps.loc[("0.15", 0), "kl"] == pytest.approx(0.010)
     assert not ps.loc[("0.39", 1), "reached"]                  # above seed 1's best pass@1: no extrapolation
-    # seed 1 frontier: (0.22, 0.012) (0.28, 0.018) (0.35, 0.040); 0.3 lies 2/7 of the way from 0.28 to 0.35
-    assert ps.loc[("0.3", 1), "kl"] == pytest.approx(0.018 + 2 / 7 * 0.022)
-    assert ps.loc[("0.3", 1), "interpolated"] and not ps.loc[("0.3", 0), "interpolated"]
-    plain = per_seed_matched(sweep_table, parse_levels(["0.3"]), methods=["atlas"]).set_index("seed")
-    assert plain.loc[1, "kl"] == pytest.approx(0.040)
-    assert ps.loc[("0.3", 1), "kl"] < plain.loc[1, "kl"]
+    pd.testing.assert_series_equal(ps["kl"], plain["kl"])
+    assert not ps["interpolated"].any()
+
+
+def _runs(method, runs, seed=0):
+    """Records of one seed: `runs` = {steps: [(scale, pass@1, kl), ...]} (each steps value one training run)."""
+    return [record(method, seed, p, {"math": kl, "commonsense": kl}, steps=steps, scale=a)
+            for steps, curve in runs.items() for a, p, kl in curve]
+
+
+# Two training runs of one seed with their scale curves. B's scale-1 point (0.30, 0.09) is on the pooled Pareto set of
+# both runs' points (no point has pass@1 >= 0.30 at KL <= 0.09) but lies above A's curve, which reaches 0.30 at 0.06.
+RUN_A = {600: [(0.25, 0.10, 0.01), (0.5, 0.20, 0.02), (1.0, 0.40, 0.10)]}
+RUN_B = {150: [(0.5, 0.15, 0.02), (1.0, 0.30, 0.09)]}
+
+
+def test_matched_kl_interpolates_along_each_run_and_takes_the_least():
+    a_only = per_seed_matched(table(_runs("lora", RUN_A)), parse_levels(["0.25", "0.3", "0.35", "0.45"]),
+                              interpolate=True, methods=["lora"]).set_index("level_spec")["kl"]
+    both = per_seed_matched(table(_runs("lora", {**RUN_A, **RUN_B})), parse_levels(["0.25", "0.3", "0.35", "0.45"]),
+                            interpolate=True, methods=["lora"]).set_index("level_spec")["kl"]
+    assert a_only["0.3"] == pytest.approx(0.02 + 0.5 * 0.08)    # halfway along A between scales 0.5 and 1
+    assert a_only["0.25"] == pytest.approx(0.02 + 0.25 * 0.08)
+    # B reads 0.09 at 0.30 and 0.02 + (0.10 / 0.15) 0.07 at 0.25: both above A's, so adding B changes nothing. Joining
+    # B's (0.30, 0.09) to A's (0.20, 0.02) and (0.40, 0.10) as one front would have read 0.09 at 0.30.
+    pd.testing.assert_series_equal(a_only, both)
+    assert math.isnan(both["0.45"])                              # above every run's best pass@1
+    lower = {150: [(0.5, 0.15, 0.01), (1.0, 0.30, 0.03)]}       # a run below A at 0.30 takes over there
+    mixed = per_seed_matched(table(_runs("lora", {**RUN_A, **lower})), parse_levels(["0.3", "0.35"]),
+                             interpolate=True, methods=["lora"]).set_index("level_spec")["kl"]
+    assert mixed["0.3"] == pytest.approx(0.03) and mixed["0.35"] == pytest.approx(0.02 + 0.75 * 0.08)
+
+
+def test_a_further_training_run_never_raises_the_matched_kl():
+    """Random scale curves: the value with a run added is the least of the values without it and of the run alone."""
+    import random
+    rng = random.Random(7)
+    levels = parse_levels(["0.1", "0.2", "0.3", "0.4", "0.5"])
+    for _ in range(30):
+        runs = {}
+        for steps in (100, 200, 300):
+            p = sorted(rng.uniform(0.05, 0.6) for _ in range(4))
+            kl = sorted(rng.uniform(0.0, 1.0) for _ in range(4))
+            runs[steps] = [(a, pi, ki) for a, pi, ki in zip((0.25, 0.5, 0.75, 1.0), p, kl)]
+
+        def value(keys):
+            ps = per_seed_matched(table(_runs("lora", {k: runs[k] for k in keys})), levels, interpolate=True,
+                                  methods=["lora"])
+            return list(ps["kl"])
+
+        two, third, three = value([100, 200]), value([300]), value([100, 200, 300])
+        for t, o, w in zip(two, third, three):
+            expect = min((v for v in (t, o) if not math.isnan(v)), default=float("nan"))
+            assert (math.isnan(w) and math.isnan(expect)) or w == pytest.approx(expect)
+
+
+def _flat(line):
+    return [v for point in line for v in point]
+
+
+def test_frontier_points_and_line_are_the_lower_envelope_of_the_runs():
+    pts = sweep_points(table(_runs("lora", {**RUN_A, **RUN_B})), schema.KL_MEAN_COL)
+    on = {(round(x, 2), round(y, 2)): f for x, y, f in zip(pts["x_mean"], pts["y_mean"], pts["on_frontier"])}
+    # B's scale-1 point is on the pooled Pareto set but above A's curve: not on the frontier; A's points all are.
+    assert on == {(0.10, 0.01): True, (0.20, 0.02): True, (0.40, 0.10): True, (0.15, 0.02): False,
+                  (0.30, 0.09): False}
+    fronts = run_fronts(list(pts["x_mean"]), list(pts["y_mean"]), list(pts["train_key"]))
+    assert _flat(envelope_line(fronts)) == pytest.approx(_flat([(0.10, 0.01), (0.15, 0.015), (0.20, 0.02),
+                                                                 (0.30, 0.06), (0.40, 0.10)]))
+    # A run that ends lower than another continues: the line steps up to the other run's curve at its end.
+    assert _flat(envelope_line([[(0.1, 0.01), (0.3, 0.03)], [(0.2, 0.05), (0.4, 0.07)]])) == pytest.approx(
+        _flat([(0.1, 0.01), (0.2, 0.02), (0.3, 0.03), (0.3, 0.06), (0.4, 0.07)]))
+    # Two curves that cross (the second one point, read flat below its pass@1): the line turns at the crossing.
+    assert _flat(envelope_line([[(0.1, 0.01), (0.4, 0.10)], [(0.4, 0.04)]])) == pytest.approx(
+        _flat([(0.1, 0.01), (0.2, 0.04), (0.4, 0.04)]))
+    assert envelope_value([[(0.1, 0.01), (0.4, 0.10)], [(0.4, 0.04)]], 0.3) == pytest.approx(0.04)
+    assert envelope_value([[(0.1, 0.01)]], 0.2) is None
 
 
 def test_gain_levels(sweep_table):
