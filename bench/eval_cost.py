@@ -11,7 +11,8 @@ the reference cache would pick under the default 1 GiB budget is named. Timed, i
 `retained_kl(...)` (teacher-forced forward with `logits_to_keep`, log-softmax, KL against the
 cache, per-response sums) and a plain `model(input_ids, attention_mask)` over the very same
 padded batches (built outside the timing). Sequences: micro's retained evaluation prompts with
-their gold responses; random presets: `--kl-seqs` random sequences of `--kl-prompt` + `--kl-response` tokens.
+their gold responses (`--kl-max-seqs N`: N of them, evenly spaced over both domains); random presets: `--kl-seqs`
+random sequences of `--kl-prompt` + `--kl-response` tokens.
 The target ratio is also taken per round and judged by the interval of those ratios' median
 (`bench.common.paired_target`: met, missed, or unresolved).
 
@@ -68,6 +69,9 @@ def part_a(shape: str, st, args) -> dict:
     bb = load_preset(shape, st)
     if bb.pretrained:
         prompts, responses = retained_pairs(bb, "evaluation")
+        if args.kl_max_seqs is not None and args.kl_max_seqs < len(prompts):
+            picked = torch.linspace(0, len(prompts) - 1, args.kl_max_seqs).round().long().tolist()
+            prompts, responses = [prompts[i] for i in picked], [responses[i] for i in picked]
     else:
         prompts, responses = random_pairs(bb, args.kl_seqs, args.kl_prompt, args.kl_response, st.seed + 5)
     n_tokens = sum(len(r) for r in responses)
@@ -192,6 +196,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--parts", default="a,b", help="a (KL vs forward), b (reference-cache reuse on micro), or both")
     ap.add_argument("--kl-batch", type=int, default=32, help="sequences per forward (eval scoring_batch_size: 32)")
     ap.add_argument("--kl-seqs", type=int, default=32, help="random presets: number of sequences")
+    ap.add_argument("--kl-max-seqs", type=int, default=None,
+                    help="micro: at most this many retained sequences, evenly spaced (default: all)")
     ap.add_argument("--kl-prompt", type=int, default=64, help="random presets: prompt tokens per sequence")
     ap.add_argument("--kl-response", type=int, default=64, help="random presets: response tokens per sequence")
     ap.add_argument("--runs", type=int, default=4, help="(b) runs in the sweep")
@@ -201,6 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     parts = set(args.parts.split(","))
     if not parts <= {"a", "b"}:
         raise SystemExit(f"error: --parts {args.parts!r}: allowed a, b, a,b")
+    if args.kl_max_seqs is not None and args.kl_max_seqs < 1:
+        raise SystemExit(f"error: --kl-max-seqs {args.kl_max_seqs}: must be >= 1")
     keep: list = []
     st = settings(args, keep)
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(st.device),

@@ -3,6 +3,8 @@ as the ratio of the median rounds and from paired rounds, with the interval of t
 
 import json
 
+import pytest
+
 from bench import eval_cost
 from bench.common import interval_verdict
 
@@ -10,10 +12,11 @@ from bench.common import interval_verdict
 def test_the_kl_target_also_from_paired_rounds(tmp_path):
     out = tmp_path / "eval_cost.json"
     eval_cost.main(["--shape", "micro", "--parts", "a", "--repeats", "3", "--warmup", "0",
-                    "--atlas-cache", str(tmp_path / "atlas"), "--out", str(out)])
+                    "--kl-max-seqs", "96", "--atlas-cache", str(tmp_path / "atlas"), "--out", str(out)])
     payload = json.loads(out.read_text())
     assert payload["complete"] and payload["sweep"] is None
     (result,) = payload["kl_vs_forward"]
+    assert result["sequences"] == 96  # of micro's 500 retained evaluation sequences, spread over both domains
     target = result["target"]
     mode = result["reference_mode_at_default_budget"]
     assert target["ratio"] == f"kl_{mode}/forward" and target["limit"] == 1.3
@@ -22,3 +25,8 @@ def test_the_kl_target_also_from_paired_rounds(tmp_path):
     assert len(target["per_round"]) == 3 and target["median_of_rounds"] == sorted(target["per_round"])[1]
     assert target["interval"]["coverage"] == 0.75
     assert target["by_rounds"] == interval_verdict(target["interval"], 1.3, at_least=False)
+
+
+def test_a_bad_sequence_cap_is_refused_before_any_work():
+    with pytest.raises(SystemExit, match="--kl-max-seqs 0: must be >= 1"):
+        eval_cost.main(["--parts", "a", "--kl-max-seqs", "0"])
