@@ -369,6 +369,24 @@ class LegacyAtlasLinear(AtlasLinear):
         return self.base(x) + self.residual(x)
 
 
+class BatchedFormsAtlasSite(AtlasSite):
+    """`AtlasSite` without its one-row route: a single row without autograd takes the batched forms, as every
+    input did before `AtlasSite.condition_row` existed (bench comparison only)."""
+
+    row_path = False
+
+
+def use_batched_forms(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch every `AtlasSite` of `model` to `BatchedFormsAtlasSite`, in place (same buffers and factors)."""
+    sites = [m for m in model.modules() if type(m) is AtlasSite]
+    if not sites:
+        raise ValueError("the model has no AtlasSite modules")
+    for m in sites:
+        m.__class__ = BatchedFormsAtlasSite
+        m.clear()
+    return model
+
+
 def use_legacy_atlas(model: torch.nn.Module) -> torch.nn.Module:
     """Switch every ATLAS module of `model` to the pre-fast-path code, in place (same buffers and factors)."""
     n = 0

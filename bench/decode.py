@@ -9,6 +9,9 @@ Variants, all sharing the backbone's frozen weights except the merged LoRA:
 - lora: the same adapter unmerged (what LoRA costs when adapters are swapped at serving time);
 - atlas / atlas_soft: `atlas.method.ATLAS` with hard / soft assignment (its residual cannot be
   merged: it depends on the input);
+- atlas_batched: `atlas` without its one-row route (`AtlasSite.condition_row`): at batch 1 every new token goes
+  through the batched forms, as before that route existed (`bench.common.use_batched_forms`); the output says
+  whether it generates the same tokens as `atlas`;
 - atlas_prev: hard assignment with the layer code before its fast path (bench/common.py); the
   script checks it generates the same tokens as `atlas`;
 - atlas_kmeans: hard assignment, the filters before the defaults changed (`bench.common.EARLIER_FILTERS`): each
@@ -34,7 +37,7 @@ from transformers import GenerationConfig
 
 from bench.common import (
     EARLIER_FILTERS, add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
-    summary, table, use_legacy_atlas, write_json,
+    summary, table, use_batched_forms, use_legacy_atlas, write_json,
     selected_variants, paired_target, paired_target_line,
 )
 
@@ -45,6 +48,7 @@ VARIANTS = {
     "lora": "peft LoRA, unmerged",
     "atlas": "ATLAS, hard assignment",
     "atlas_soft": "ATLAS, soft assignment",
+    "atlas_batched": "ATLAS, hard assignment, one row through the batched forms (no one-row route)",
     "atlas_prev": "ATLAS, hard assignment, layer code before the fast path (bench/common.py)",
     "atlas_kmeans": "ATLAS, hard assignment, the earlier filters: k-means clusters, full input space "
                     "(bench.common.EARLIER_FILTERS)",
@@ -65,6 +69,8 @@ def build_variant(name: str, bb, st):
         model, _ = add_atlas(shared_copy(bb.model), bb, st, assign="soft" if name == "atlas_soft" else "hard", **extra)
         if name == "atlas_prev":
             use_legacy_atlas(model)
+        elif name == "atlas_batched":
+            use_batched_forms(model)
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval()
@@ -80,12 +86,13 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
     bb = load_preset(shape, st)
     print(f"[{shape}] {bb.describe()['params'] / 1e6:.1f}M params, {bb.dtype}, {bb.device}", flush=True)
     models = {n: build_variant(n, bb, st) for n in names}
-    if "atlas" in models and "atlas_prev" in models:  # identical factors, so the two must decode alike
-        src = dict(models["atlas"].named_parameters())
-        with torch.no_grad():
-            for n, p in models["atlas_prev"].named_parameters():
-                if "lora_" in n:
-                    p.copy_(src[n])
+    for other in ("atlas_prev", "atlas_batched"):  # identical factors, so each must decode as `atlas` does
+        if "atlas" in models and other in models:
+            src = dict(models["atlas"].named_parameters())
+            with torch.no_grad():
+                for n, p in models[other].named_parameters():
+                    if "lora_" in n:
+                        p.copy_(src[n])
     config = generation_config(bb, args.new_tokens)
     result = {"shape": shape, "backbone": bb.describe(), "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
               "atlas_prepare_s": bb.extras.get("atlas_prepare_s"), "batches": []}
@@ -109,6 +116,8 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
                 raise RuntimeError(f"{n}: generate returned shape {tuple(out.shape)}, expected "
                                    f"{(batch_size, args.prompt_len + args.new_tokens)}")
         same = bool(torch.equal(outputs["atlas"], outputs["atlas_prev"])) if {"atlas", "atlas_prev"} <= set(outputs) else None
+        same_batched = (bool(torch.equal(outputs["atlas"], outputs["atlas_batched"]))
+                        if {"atlas", "atlas_batched"} <= set(outputs) else None)
         variants = {}
         for n in names:
             s = summary(times[n])
@@ -118,9 +127,11 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
         ratios = {f"{a}/{b}": med[a] / med[b] for a, b in
                   [("atlas", "lora"), ("atlas", "base"), ("lora", "base"), ("lora_merged", "base"),
                    ("atlas_soft", "lora"), ("atlas_kmeans", "lora"), ("atlas", "atlas_kmeans"), ("atlas_prev", "lora"),
-                   ("atlas", "atlas_prev"), ("atlas", "lora_merged")]
+                   ("atlas", "atlas_prev"), ("atlas", "lora_merged"),
+                   ("atlas_batched", "lora"), ("atlas", "atlas_batched")]
                   if a in med and b in med}
-        entry = {"batch_size": batch_size, "variants": variants, "ratios": ratios, "atlas_prev_same_tokens": same}
+        entry = {"batch_size": batch_size, "variants": variants, "ratios": ratios, "atlas_prev_same_tokens": same,
+                 "atlas_batched_same_tokens": same_batched}
         if batch_size == TARGET[2] and TARGET[0] in ratios:
             entry["target"] = {"ratio": TARGET[0], "limit": TARGET[1], "value": ratios[TARGET[0]],
                                "met": ratios[TARGET[0]] <= TARGET[1], **paired_target(times, TARGET[0], TARGET[1])}
@@ -133,7 +144,8 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
                 for n in names]
         print(f"\n{shape}: generate, batch {batch_size}, {args.prompt_len} prompt + {args.new_tokens} new tokens, "
               f"median of {args.repeats} ({bb.dtype}, {bb.device})"
-              + ("" if same is None else f"; atlas_prev same tokens as atlas: {same}"))
+              + ("" if same is None else f"; atlas_prev same tokens as atlas: {same}")
+              + ("" if same_batched is None else f"; atlas_batched same tokens as atlas: {same_batched}"))
         print(table(["variant", "ms/token", "tokens/s", "IQR", "x base", "x lora"], rows) + "\n", flush=True)
         write_json(args.out, SCRIPT, payload)
     del models

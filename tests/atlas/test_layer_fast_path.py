@@ -187,3 +187,77 @@ def test_cached_filtered_a_follows_every_change_of_a():
         torch.testing.assert_close(layer.residual(pts), inf)
         assert not layer.filtered_a().is_inference()
     torch.testing.assert_close(inf, fresh())
+
+
+# -- one row without autograd (batch-1 decoding): AtlasSite.condition_row, AtlasLinear.forward_row ------------------
+def reference_at(layer, x, lam):
+    """y = W x + b + s (1 - lam + lam g(x)) B A (x - lam U_k* U_k*^T x) in float64, hard assignment, per row of x."""
+    site = layer.site
+    flat = x.double().reshape(-1, x.shape[-1])
+    delta, kstar = ((flat[:, None, :] - site.centers.double()[None]).square().sum(-1)
+                    * site.inv_sigma2.double()).min(1)
+    u = site.filters.double()[kstar]  # (n, d, R)
+    inside = torch.einsum("ndr,ner,ne->nd", u, u, flat)  # U_k* U_k*^T x
+    h = flat - lam * inside if site.use_filter else flat
+    res = h @ layer.lora_A.double().T @ layer.lora_B.double().T * (layer.scaling * layer.scale_factor)
+    if site.use_gate:
+        signal = delta if site.gate_signal == "distance" else (flat - inside).square().sum(1) / flat.square().sum(1)
+        g = torch.sigmoid(site.gate_slope.double() * (signal.clamp_min(EPS).log() - site.log_q.double())
+                          / site.gate_temperature)
+        res = res * (1 - lam + lam * g)[:, None]
+    return flat @ layer.base.weight.double().T + layer.base.bias.double() + res
+
+
+@pytest.mark.parametrize("gate_signal", ["distance", "subspace"])
+@pytest.mark.parametrize("use_gate,use_filter", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("basis", [None, 6])
+@pytest.mark.parametrize("lam", [1.0, 0.4, 0.0])
+def test_one_row_without_autograd_matches_the_equation_and_the_batched_forms(gate_signal, use_gate, use_filter, basis,
+                                                                             lam):
+    """Each row alone (as in batch-1 decoding) gives the float64 equation's output, the batched forward's to float32
+    rounding, and the batched search's nearest center; with autograd, or soft-assigned filters, a row takes the
+    batched forms."""
+    site, x = clustered_site(seed=3, gate_signal=gate_signal) if basis is None else (None, None)
+    if basis is not None:
+        g = torch.Generator().manual_seed(3)
+        x = torch.cat([torch.randn(150, 24, generator=g) * s + 5 * torch.eye(24)[j]
+                       for j, s in enumerate([0.2, 0.6, 1.2, 2])])
+        site = build_site_atlas(x, 4, 0.8, 3, 0.9, 3, gate_signal=gate_signal, filter_basis=basis)
+        assert site.basis is not None
+    layer = layer_for(site, use_gate=use_gate, use_filter=use_filter, gate_signal=gate_signal, conditioning=lam)
+    pts = inputs(site, x).reshape(-1, 24)
+    with torch.no_grad():
+        batched = layer(pts.unsqueeze(0))[0]
+        rows = torch.cat([layer(p.reshape(1, 1, 24)).reshape(1, -1) for p in pts])
+        kstar = layer.site.nearest(pts)
+        if lam != 0.0:
+            assert [layer.site.condition_row(p.reshape(1, 1, 24))[1] for p in pts] == kstar.tolist()
+    close(rows, reference_at(layer, pts, lam))
+    close(rows, batched, rel=1e-5)
+    calls = []
+    layer.site.condition_row = lambda x: calls.append(x) or AtlasSite.condition_row(layer.site, x)
+    with torch.no_grad():
+        layer(pts[:1].reshape(1, 1, 24))
+    assert len(calls) == 1
+    layer(pts[:1].reshape(1, 1, 24))  # with autograd: the batched forms
+    layer.site.assign = "soft"
+    with torch.no_grad():
+        layer(pts[:1].reshape(1, 1, 24))
+    assert len(calls) == 1 + (not use_filter)  # soft assignment needs every filter, unless there is none
+
+
+def test_one_row_follows_changes_of_a_and_of_the_gate():
+    """The kept per-center blocks of A U and the gate's constants are recomputed once A, the slope or the threshold
+    change (in place, as an optimizer step or a fitted gate would)."""
+    site, x = clustered_site(seed=8, gate_signal="subspace")
+    layer = layer_for(site, gate_signal="subspace")
+    row = inputs(site, x)[0, :1].reshape(1, 1, 24)
+    with torch.no_grad():
+        first = layer(row)
+        close(first.reshape(1, -1), reference_at(layer, row.reshape(1, -1), 1.0))
+        layer.lora_A.add_(0.1)
+        layer.site.gate_slope.mul_(3.0)
+        layer.site.log_q.sub_(0.5)
+        second = layer(row.clone())
+    assert not torch.allclose(first, second)
+    close(second.reshape(1, -1), reference_at(layer, row.reshape(1, -1), 1.0))
