@@ -360,6 +360,16 @@ def thread_counts(table: pd.DataFrame) -> dict[int, int]:
     return {int(t): int(n) for t, n in counts.items()}
 
 
+def machine_counts(table: pd.DataFrame) -> dict[str, int]:
+    """Machine (CPU model / vector ISA / CUDA device, `provenance.machine`) -> how many rows of a record table were
+    made on it; records from before that field are not counted. Float kernels differ between machines, so one config
+    run on two of them differs by rounding that training amplifies."""
+    if "provenance/machine" not in table.columns:
+        return {}
+    counts = table["provenance/machine"].dropna().value_counts().sort_index()
+    return {str(m): int(n) for m, n in counts.items()}
+
+
 def threads_text(counts: dict[int, int], unit: str = "records") -> str:
     """'2 intra-op thread(s)' for one count, '1 thread(s): 20 records, 2 thread(s): 13 records' for several."""
     if len(counts) == 1:

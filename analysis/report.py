@@ -21,7 +21,7 @@ from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, render
 from analysis.analyze import Analysis, analyze
-from analysis.collect import Collection, collect, thread_counts, threads_text
+from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
 from analysis.tables import all_tables, group_label
 from analysis.variants import split_variants
 
@@ -122,6 +122,11 @@ def warnings_of(a: Analysis) -> list[str]:
         out.append(f"the runs were trained with different intra-op thread counts ({threads_text(threads, 'runs')}; "
                    "`cost.threads`): float sums differ in order between them, so equal configs give slightly "
                    "different numbers.")
+    machines = machine_counts(runs)
+    if len(machines) > 1:
+        listed = ", ".join(f"{m}: {n} runs" for m, n in machines.items())
+        out.append(f"the runs were made on {len(machines)} kinds of machine ({listed}; `provenance.machine`): their "
+                   "float kernels round differently, so equal configs give different numbers (docs/analysis.md).")
     if "config_key" in runs.columns:
         n_cfg = runs.groupby("sweep_key")["config_key"].nunique()
         for key in sorted(n_cfg[n_cfg > 1].index):

@@ -13,7 +13,8 @@ a valid complete record into one flat dict whose keys are the table's columns:
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
     retained/<domain>/<metric> (kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
     retained/<domain>/kind (math | choice | other), cost/<field>, train/final_loss, train/steps,
-    provenance/git_sha, provenance/git_dirty, provenance/end_time, config_key.
+    provenance/git_sha, provenance/git_dirty, provenance/end_time, provenance/machine (CPU model / vector ISA / CUDA
+    device, only for records that carry it), config_key.
 """
 
 from __future__ import annotations
@@ -306,6 +307,10 @@ def to_row(record: dict, source: str) -> dict:
         row["provenance/git_sha"] = prov.get("git_sha")
         row["provenance/git_dirty"] = prov.get("git_dirty")
         row["provenance/end_time"] = prov.get("end_time")
+        mach = prov.get("machine")
+        if isinstance(mach, dict):  # records from before the field have no column (not counted)
+            row["provenance/machine"] = " / ".join(str(mach.get(k)) for k in ("cpu", "cpu_capability", "cuda_device")
+                                                   if mach.get(k))
     # Everything that defines the science but the seed: runs of one sweep point should share it.
     config = {k: v for k, v in record["config"].items() if k != "seed"}
     row["config_key"] = _digest({"config": config, "scale": scale})

@@ -216,9 +216,32 @@ def code_version() -> tuple[Optional[str], Optional[bool]]:
     return _CODE_VERSION
 
 
+def machine() -> dict:
+    """What decides how the run's float arithmetic rounds besides the code and the packages: the CPU model
+    (`/proc/cpuinfo` "model name", else `platform.processor()`), the vector instruction set torch's CPU kernels use
+    (`torch.backends.cpu.get_cpu_capability()`, e.g. AVX512), and the CUDA device's name where one is used. The same
+    run on two CPUs can differ from its first loss on (another kernel, another order of sums)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    out = {"cpu": model or platform.processor() or None, "cpu_capability": None, "cuda_device": None}
+    try:
+        import torch
+
+        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        if torch.cuda.is_available():
+            out["cuda_device"] = torch.cuda.get_device_name()
+    except Exception:  # a record is still written when torch cannot say
+        pass
+    return out
+
+
 def provenance(started: Optional[datetime] = None) -> dict:
-    """Git sha and dirty flag of the code (`code_version`), package versions, host, Python, and start/end times
-    (UTC, ISO 8601)."""
+    """Git sha and dirty flag of the code (`code_version`), package versions, host, the machine's CPU and device
+    (`machine`), Python, and start/end times (UTC, ISO 8601)."""
     versions = {}
     for name in PACKAGES:
         try:
@@ -234,6 +257,7 @@ def provenance(started: Optional[datetime] = None) -> dict:
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
+        "machine": machine(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "start_time": started.isoformat() if started else now,
         "end_time": now,

@@ -129,6 +129,28 @@ def test_report_warns_when_runs_were_trained_with_different_thread_counts(tmp_pa
     assert "thread counts" not in index
 
 
+def test_report_warns_when_runs_were_made_on_different_machines(tmp_path):
+    records = [r for r in scenario() if r["backbone"] == "micro"]
+    xeon = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512", "cuda_device": None}
+    epyc = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "cuda_device": None}
+    for i, rec in enumerate(records):
+        if i % 3:  # every third record is from before the field: not counted
+            rec["provenance"]["machine"] = xeon if i % 3 == 1 else epyc
+        write(tmp_path / "runs", rec)
+    index = (write_report([str(tmp_path / "runs")], tmp_path / "report", reference=REFERENCE).folder
+             / "index.md").read_text()
+    n1, n2 = sum(1 for i in range(len(records)) if i % 3 == 1), sum(1 for i in range(len(records)) if i % 3 == 2)
+    assert (f"made on 2 kinds of machine (AMD EPYC / AVX512: {n2} runs, Intel(R) Xeon(R) Processor / AVX512: {n1} "
+            "runs; `provenance.machine`)") in index
+
+    same = tmp_path / "same"
+    for rec in records:
+        rec["provenance"]["machine"] = epyc
+        write(same, rec)
+    index = (write_report([str(same)], tmp_path / "report_same", reference=REFERENCE).folder / "index.md").read_text()
+    assert "kinds of machine" not in index
+
+
 def test_report_tables_hold_the_known_values(report):
     _, out, _ = report
     main_md = (out / "tables" / "main.md").read_text()

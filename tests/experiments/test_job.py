@@ -43,6 +43,7 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     assert "retained_kl_mean" in rec["metrics"] and "pass@1" in rec["metrics"]["target"]
     prov = rec["provenance"]
     assert len(prov["git_sha"]) == 40 and isinstance(prov["git_dirty"], bool) and prov["packages"]["torch"]
+    assert prov["machine"]["cpu"] and prov["machine"]["cpu_capability"]  # e.g. "AMD EPYC", "AVX512"
     assert not list(only_run_dir(tmp_path / "runs").glob(".*.tmp"))
     # Files get the user's umask (a team shares a run root), not the 0600 of a temporary file.
     mask = os.umask(0)
