@@ -25,8 +25,9 @@ g(x) A Pi(x) x, and when the factors have the backbone's dtype one addmm adds s 
 A single row without autograd (batch-1 decoding, one new token per step) takes another route to the same equation
 (`AtlasSite.condition_row`, `AtlasLinear.forward_row`): there every operation costs its fixed few microseconds and
 the arithmetic is nothing, so k* comes from one matrix-vector product, only U_k* is applied, the gate's scalar
-arithmetic runs on Python floats, and g(x) is folded into the scale of LoRA's last product; about ten operations
-per site and four per module where the batched forms take about thirty and five.
+arithmetic runs on Python floats, and g(x) is folded into the scale of LoRA's last product. On micro that is 334
+torch operations per generated token more than LoRA's, where the batched forms take 760 more (profiler count over a
+32-token batch-1 `generate`; docs/performance.md).
 
 Hard assignment still takes all K coordinates in the one matmul: selecting U_{k*} per token moves
 n d R filter values (a gather), more than the d K R the shared matmul reads once n > K, and K
@@ -177,8 +178,8 @@ class AtlasSite(nn.Module):
         as a float (None without the gate), k* as an int and c U_k*^T x as (1, R) in x's dtype (None without the
         filter); (None, None, None) at conditioning 0 or with gate and filter off. Hard assignment only (`row_path`).
 
-        The same equation, by about ten small operations instead of `condition`'s thirty: at one row every
-        operation is a few microseconds of fixed cost and the arithmetic is nothing, so only the nearest center's
+        The same equation by fewer, smaller operations than `condition`: at one row every operation is a few
+        microseconds of fixed cost and the arithmetic is nothing, so only the nearest center's
         filter is applied (one (d, R) product where `condition` takes all K filters and masks them), and the gate's
         scalar arithmetic is done in Python floats (float64). It rounds differently from `condition`, within float32
         rounding (a test checks both against the float64 equation). Cached for the most recent input tensor like

@@ -86,9 +86,9 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
     bb = load_preset(shape, st)
     print(f"[{shape}] {bb.describe()['params'] / 1e6:.1f}M params, {bb.dtype}, {bb.device}", flush=True)
     models = {n: build_variant(n, bb, st) for n in names}
+    src = dict(models["atlas"].named_parameters()) if "atlas" in models else {}
     for other in ("atlas_prev", "atlas_batched"):  # identical factors, so each must decode as `atlas` does
-        if "atlas" in models and other in models:
-            src = dict(models["atlas"].named_parameters())
+        if src and other in models:
             with torch.no_grad():
                 for n, p in models[other].named_parameters():
                     if "lora_" in n:
@@ -115,9 +115,8 @@ def bench_shape(shape: str, st, args, names: list[str], payload: dict) -> dict:
             if out.shape != (batch_size, args.prompt_len + args.new_tokens):
                 raise RuntimeError(f"{n}: generate returned shape {tuple(out.shape)}, expected "
                                    f"{(batch_size, args.prompt_len + args.new_tokens)}")
-        same = bool(torch.equal(outputs["atlas"], outputs["atlas_prev"])) if {"atlas", "atlas_prev"} <= set(outputs) else None
-        same_batched = (bool(torch.equal(outputs["atlas"], outputs["atlas_batched"]))
-                        if {"atlas", "atlas_batched"} <= set(outputs) else None)
+        same, same_batched = (bool(torch.equal(outputs["atlas"], outputs[o])) if {"atlas", o} <= set(outputs) else None
+                              for o in ("atlas_prev", "atlas_batched"))
         variants = {}
         for n in names:
             s = summary(times[n])

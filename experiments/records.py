@@ -8,6 +8,7 @@ always gets the same id and the same run directory.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -216,27 +217,32 @@ def code_version() -> tuple[Optional[str], Optional[bool]]:
     return _CODE_VERSION
 
 
-def machine() -> dict:
-    """What decides how the run's float arithmetic rounds besides the code and the packages: the CPU model
-    (`/proc/cpuinfo` "model name", else `platform.processor()`), the vector instruction set torch's CPU kernels use
-    (`torch.backends.cpu.get_cpu_capability()`, e.g. AVX512), and the CUDA device's name where one is used. The same
-    run on two CPUs can differ from its first loss on (another kernel, another order of sums)."""
+@functools.lru_cache(maxsize=None)
+def _machine() -> tuple:
     model = None
     try:
         with open("/proc/cpuinfo") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
     except OSError:
         pass
-    out = {"cpu": model or platform.processor() or None, "cpu_capability": None, "cuda_device": None}
+    capability = device = None
     try:
         import torch
 
-        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        capability = torch.backends.cpu.get_cpu_capability()
         if torch.cuda.is_available():
-            out["cuda_device"] = torch.cuda.get_device_name()
+            device = torch.cuda.get_device_name()
     except Exception:  # a record is still written when torch cannot say
         pass
-    return out
+    return model or platform.processor() or None, capability, device
+
+
+def machine() -> dict:
+    """What decides how the run's float arithmetic rounds besides the code and the packages: the CPU model
+    (`/proc/cpuinfo` "model name", else `platform.processor()`), the vector instruction set torch's CPU kernels use
+    (`torch.backends.cpu.get_cpu_capability()`, e.g. AVX512), and the CUDA device's name where one is used. The same
+    run on two CPUs can differ from its first loss on (another kernel, another order of sums). Read once per process."""
+    return dict(zip(("cpu", "cpu_capability", "cuda_device"), _machine()))
 
 
 def provenance(started: Optional[datetime] = None) -> dict:
