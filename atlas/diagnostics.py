@@ -36,7 +36,7 @@ import torch
 
 from atlas.kmeans import pairwise_sq_dists
 from atlas.layer import AtlasLinear, AtlasSite
-from experiments.activations import Site, collect_inputs
+from experiments.activations import Site, collect_inputs, collect_inputs_by_mask
 from experiments.calibration import held_out_sequences
 
 #: Tokens per side (retained, target) per site, a seeded subsample.
@@ -62,8 +62,9 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
     gate, weights, z, kstar = site.condition(x)
     if kstar is None:  # conditioning 0 computes no assignment; the filter's pass share still reads k*
         kstar = site.nearest(x)
-    delta = site.distances(x).min(1).values
     xf = x.float()
+    sq = pairwise_sq_dists(xf, site.centers.float())  # exact, from the differences: one pass for both uses
+    delta = (sq * site.inv_sigma2).min(1).values  # site.distances(x)
     energy = xf.square().sum(1).clamp_min(1e-30)
     if site.use_filter:
         coords = site.filter_coords(xf).view(len(x), site.centers.shape[0], -1)  # (n, K, R): U_k^T x
@@ -76,7 +77,7 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
         base = m.base(x)
         rel += (m(x) - base).float().norm(dim=1) / base.float().norm(dim=1).clamp_min(1e-30)
     site.clear()
-    plain = pairwise_sq_dists(xf, site.centers.float()).argmin(1)
+    plain = sq.argmin(1)  # k-means' rule: the nearest center by plain distance
     return {"log_delta": delta.clamp_min(1e-30).log(), "gate": gate.squeeze(1) if gate is not None else torch.ones_like(energy),
             "filter_pass": passed, "residual": rel / max(len(modules), 1), "plain_differs": (plain != kstar).float()}
 
@@ -84,7 +85,13 @@ def site_signals(site: AtlasSite, modules: Sequence[AtlasLinear], x: torch.Tenso
 def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch.Tensor, target: torch.Tensor,
                 filter_rank: int) -> dict[str, float]:
     """The figures of one site (see the module docstring) from its inputs on retained and target tokens."""
-    r, t = site_signals(site, modules, retained), site_signals(site, modules, target)
+    return site_figures(site, site_signals(site, modules, retained), site_signals(site, modules, target), filter_rank,
+                        len(retained), len(target))
+
+
+def site_figures(site: AtlasSite, r: dict[str, torch.Tensor], t: dict[str, torch.Tensor], filter_rank: int,
+                 n_retained: int, n_target: int) -> dict[str, float]:
+    """`site_report`'s figures from the `site_signals` of the retained (`r`) and target (`t`) tokens."""
     ranks = site.ranks.float()
     out = {
         "gate_retained": float(r["gate"].mean()), "gate_target": float(t["gate"].mean()),
@@ -95,7 +102,7 @@ def site_report(site: AtlasSite, modules: Sequence[AtlasLinear], retained: torch
         "auroc_filter": auroc(t["filter_pass"], r["filter_pass"]),
         "rank_mean": float(ranks.mean()), "at_cap_share": float((site.ranks >= filter_rank).float().mean()),
         "plain_nearest_differs": float(r["plain_differs"].mean()),
-        "n_retained": int(len(retained)), "n_target": int(len(target)),
+        "n_retained": int(n_retained), "n_target": int(n_target),
     }
     if float(t["residual"].abs().sum() + r["residual"].abs().sum()) > 0:
         out["auroc_residual"] = auroc(t["residual"], r["residual"])
@@ -106,29 +113,39 @@ def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any,
                         max_tokens: Optional[int] = MAX_TOKENS, seed: int = 0) -> dict:
     """Every site's figures, their mean over sites, the first site's (`layer0`), and per retained domain
     (`by_domain`: that domain's tokens against the target's, each figure averaged over sites; `by_domain_scored`:
-    the same at the scored positions of both sides)."""
+    the same at the scored positions of both sides).
+
+    One forward pass per sequence set (the pooled retained sequences, the target's, each domain's) collects every
+    token selection read from it, and each site's target signals are computed once per selection and shared by the
+    reports that compare against them."""
     by_domain_seqs, target_seqs = held_out_sequences(ctx)
     kw = dict(pad_id=ctx.tokenizer.pad_token_id, batch_size=16, max_tokens=max_tokens, seed=seed,
               device=ctx.device, progress=False)
+    both = ("attention_mask", "scored")
     retained = collect_inputs(model, sites, [s for seqs in by_domain_seqs.values() for s in seqs], **kw)
-    target = collect_inputs(model, sites, target_seqs, **kw)
+    target = collect_inputs_by_mask(model, sites, target_seqs, both, **kw)
+    domains = {name: collect_inputs_by_mask(model, sites, seqs, both, **kw) for name, seqs in by_domain_seqs.items()}
     named = dict(model.named_modules())
+    signals: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
 
-    def report(inputs: dict[str, torch.Tensor], against: dict[str, torch.Tensor]) -> dict[str, dict]:
+    def target_signals(key: str, s: Site, modules: list) -> dict[str, torch.Tensor]:
+        if (key, s.name) not in signals:
+            signals[key, s.name] = site_signals(modules[0].site, modules, target[key][s.name].to(ctx.device))
+        return signals[key, s.name]
+
+    def report(inputs: dict[str, torch.Tensor], key: str) -> dict[str, dict]:
         out = {}
         for s in sites:
             modules = [named[n] for n in s.modules]
-            out[s.name] = site_report(modules[0].site, modules, inputs[s.name].to(ctx.device),
-                                      against[s.name].to(ctx.device), filter_rank)
+            x = inputs[s.name].to(ctx.device)
+            out[s.name] = site_figures(modules[0].site, site_signals(modules[0].site, modules, x),
+                                       target_signals(key, s, modules), filter_rank, len(x),
+                                       len(target[key][s.name]))
         return out
 
-    per_site = report(retained, target)
-    by_domain = {name: _mean(report(collect_inputs(model, sites, seqs, **kw), target))
-                 for name, seqs in by_domain_seqs.items()}
-    scored = dict(kw, token_mask_key="scored")
-    target_scored = collect_inputs(model, sites, target_seqs, **scored)
-    by_domain_scored = {name: _mean(report(collect_inputs(model, sites, seqs, **scored), target_scored))
-                        for name, seqs in by_domain_seqs.items()}
+    per_site = report(retained, "attention_mask")
+    by_domain = {name: _mean(report(inputs["attention_mask"], "attention_mask")) for name, inputs in domains.items()}
+    by_domain_scored = {name: _mean(report(inputs["scored"], "scored")) for name, inputs in domains.items()}
     return {"sites": per_site, "mean": _mean(per_site), "layer0": per_site[sites[0].name], "by_domain": by_domain,
             "by_domain_scored": by_domain_scored, "split": getattr(ctx.benchmark, "split", None)}
 

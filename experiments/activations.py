@@ -111,36 +111,64 @@ def collect_inputs(
     next-token distribution the loss and the retained KL score (each one before a response token: the last prompt
     token and every response token but the last).
     """
+    return collect_inputs_by_mask(model, sites, sequences, (token_mask_key,), pad_id=pad_id, batch_size=batch_size,
+                                  max_tokens=max_tokens, seed=seed, device=device, dtype=dtype,
+                                  progress=progress)[token_mask_key]
+
+
+def collect_inputs_by_mask(
+    model: torch.nn.Module,
+    sites: Sequence[Site],
+    sequences: Sequence[dict],
+    token_mask_keys: Sequence[str],
+    *,
+    pad_id: int,
+    batch_size: int = 16,
+    max_tokens: Optional[int] = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: Optional[torch.dtype] = None,
+    progress: bool = True,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Token mask key -> `collect_inputs(..., token_mask_key=key)` for each of `token_mask_keys`, from one forward
+    pass over `sequences` instead of one per key: each key's tokens are selected and subsampled exactly as its own
+    call would select them (the same batches, the same `seed`), so the result is the same tensors."""
+    keys = list(dict.fromkeys(token_mask_keys))
+    if not keys:
+        raise ValueError("token_mask_keys: at least one of " + str(list(TOKEN_MASKS)))
     batches = [collate(sequences[i:i + batch_size], pad_id) for i in range(0, len(sequences), batch_size)]
-    masks = [_token_mask(b, token_mask_key) for b in batches]
-    chosen = token_selection(torch.cat([m.flatten() for m in masks]).bool(), max_tokens, seed)
+    masks = {key: [_token_mask(b, key) for b in batches] for key in keys}
+    chosen = {key: token_selection(torch.cat([m.flatten() for m in masks[key]]).bool(), max_tokens, seed)
+              for key in keys}
     modules = dict(model.named_modules())
-    store: dict[str, list[torch.Tensor]] = {s.name: [] for s in sites}
-    state = {"mask": None, "take": None}
+    store: dict[str, dict[str, list[torch.Tensor]]] = {key: {s.name: [] for s in sites} for key in keys}
+    state: dict[str, tuple] = {}  # key -> (mask, take) of the current batch
 
     def hook_for(site: Site):
         def hook(module, args):
             x = args[0].detach()
-            rows = x[state["mask"]]  # (n_valid, dim) in row-major token order
-            store[site.name].append(rows[state["take"]].to(dtype or x.dtype).cpu())
+            for key, (mask, take) in state.items():
+                rows = x[mask]  # (n_valid, dim) in row-major token order
+                store[key][site.name].append(rows[take].to(dtype or x.dtype).cpu())
         return hook
 
     handles = [modules[s.modules[0]].register_forward_pre_hook(hook_for(s)) for s in sites]
-    offset = 0
+    offsets = dict.fromkeys(keys, 0)
     try:
         with torch.no_grad():
-            for batch, mask in progress_bar(list(zip(batches, masks)), desc="collect inputs", disable=not progress):
-                n_valid = int(mask.sum())
-                lo = torch.searchsorted(chosen, offset)
-                hi = torch.searchsorted(chosen, offset + n_valid)
-                state["mask"] = mask.bool().to(device)
-                state["take"] = (chosen[lo:hi] - offset).to(device)
-                offset += n_valid
+            for i, batch in enumerate(progress_bar(batches, desc="collect inputs", disable=not progress)):
+                for key in keys:
+                    mask = masks[key][i]
+                    n_valid = int(mask.sum())
+                    lo = torch.searchsorted(chosen[key], offsets[key])
+                    hi = torch.searchsorted(chosen[key], offsets[key] + n_valid)
+                    state[key] = (mask.bool().to(device), (chosen[key][lo:hi] - offsets[key]).to(device))
+                    offsets[key] += n_valid
                 model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
     finally:
         for h in handles:
             h.remove()
-    return {name: torch.cat(parts) for name, parts in store.items()}
+    return {key: {name: torch.cat(parts) for name, parts in store[key].items()} for key in keys}
 
 
 TOKEN_MASKS = ("attention_mask", "labels", "scored")

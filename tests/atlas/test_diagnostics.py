@@ -98,6 +98,40 @@ def test_a_prepared_atlas_reports_every_site_and_inspect_prints_it(tiny, tmp_pat
     assert inspect_main([str(tmp_path)]) == 2
 
 
+def test_the_report_equals_site_reports_over_a_separate_collection_for_each_comparison(tiny, tmp_path):
+    # conditioning_report collects each sequence set once for all its token selections and computes each site's target
+    # signals once per selection; the figures must be exactly those of collecting and reporting every comparison alone
+    from atlas.diagnostics import _mean, conditioning_report
+    from experiments.activations import collect_inputs
+    from experiments.calibration import held_out_sequences
+    from tests.baselines.baseline_helpers import prepared
+
+    model, method, ctx = prepared(tiny, "atlas", tmp_path / "run")
+    torch.manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, AtlasLinear):
+            m.lora_B.data.normal_(0.0, 0.1)  # a nonzero residual, so its figures and AUROC are compared too
+    rank = method.params.filter_rank
+    report = conditioning_report(model, method.sites, ctx, rank, max_tokens=64, seed=3)
+    by_domain_seqs, target_seqs = held_out_sequences(ctx)
+    kw = dict(pad_id=ctx.tokenizer.pad_token_id, batch_size=16, max_tokens=64, seed=3, device=ctx.device,
+              progress=False)
+    named = dict(model.named_modules())
+
+    def alone(seqs, target_inputs, key):
+        inputs = collect_inputs(model, method.sites, seqs, token_mask_key=key, **kw)
+        return {s.name: site_report(named[s.modules[0]].site, [named[n] for n in s.modules], inputs[s.name],
+                                    target_inputs[s.name], rank) for s in method.sites}
+
+    for key, field in (("attention_mask", "by_domain"), ("scored", "by_domain_scored")):
+        target = collect_inputs(model, method.sites, target_seqs, token_mask_key=key, **kw)
+        assert {name: _mean(alone(seqs, target, key)) for name, seqs in by_domain_seqs.items()} == report[field]
+        if key == "attention_mask":
+            pooled = alone([s for seqs in by_domain_seqs.values() for s in seqs], target, key)
+            assert pooled == report["sites"] and report["mean"] == _mean(pooled)
+    assert "auroc_residual" in report["mean"]
+
+
 def test_site_report_at_conditioning_zero_still_reads_the_filter():
     """At conditioning 0 the layer computes no assignment at all; the report's filter figures still use k*."""
     retained = torch.tensor([[0.5, 0.0, 0.0], [10.0, 0.5, 0.0]])
@@ -137,6 +171,35 @@ def test_scored_positions_are_the_last_prompt_token_and_every_response_token_but
     assert got["scored"] == [13, 14, 21, 22, 23]  # each predicts the response token after it
     with pytest.raises(ValueError, match="token_mask_key 'response'"):
         collect_inputs(_Embed(), site, seqs, pad_id=0, progress=False, token_mask_key="response")
+
+
+def test_one_pass_collects_every_token_selection_as_its_own_pass_would():
+    from experiments.activations import Site, collect_inputs, collect_inputs_by_mask
+
+    calls = []
+
+    class Counted(_Embed):
+        def forward(self, input_ids, attention_mask=None):
+            calls.append(input_ids.shape[0])
+            return super().forward(input_ids, attention_mask)
+
+    seqs = [{"input_ids": list(range(10 * i + 1, 10 * i + 3 + i % 4)), "labels": [-100] + list(range(10 * i + 2,
+             10 * i + 3 + i % 4))} for i in range(7)]
+    site = [Site("s", ["proj"], 2)]
+    keys = ("attention_mask", "labels", "scored")
+    kw = dict(pad_id=0, batch_size=3, max_tokens=9, seed=4, progress=False)
+    model = Counted()
+    together = collect_inputs_by_mask(model, site, seqs, keys + ("scored",), **kw)
+    assert calls == [3, 3, 1]  # one forward per batch, not one per key
+    assert list(together) == list(keys)
+    for key in keys:
+        alone = collect_inputs(model, site, seqs, token_mask_key=key, **kw)["s"]
+        assert together[key]["s"].shape[0] == 9 and torch.equal(together[key]["s"], alone)
+    assert not torch.equal(together["labels"]["s"], together["scored"]["s"])
+    with pytest.raises(ValueError, match="token_mask_key 'response'"):
+        collect_inputs_by_mask(model, site, seqs, ("scored", "response"), **kw)
+    with pytest.raises(ValueError, match="at least one"):
+        collect_inputs_by_mask(model, site, seqs, (), **kw)
 
 
 def test_recompute_measures_a_finished_run_s_diagnostics_again_from_its_export(tiny_backbone_dir, tiny_benchmark_dir,
