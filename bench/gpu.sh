@@ -8,7 +8,8 @@
 #
 # Environment: DEVICE (cuda), SHAPE (qwen3-8b; any conf/backbone name with shapes), LAYERS (36),
 # OUT (bench/results/gpu), ATLAS_CACHE (a temporary folder; the atlas is built by the first
-# script and loaded by the next ones).
+# script and loaded by the next ones), PYTHON (the interpreter: `python3`, else `python`, on the PATH;
+# many CUDA images have no `python`).
 #
 # Steps and wall-clock caps (seconds; at most 40 + 135 + 150 + 130 plus 5 s grace each = 475):
 #   storage     configs only (+ real micro atlases on the CPU)                          40
@@ -26,6 +27,8 @@ SHAPE=${SHAPE:-qwen3-8b}
 LAYERS=${LAYERS:-36}
 OUT=${OUT:-bench/results/gpu}
 ATLAS_CACHE=${ATLAS_CACHE:-$(mktemp -d -t atlas-bench-XXXXXX)}
+PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
+[ -n "$PYTHON" ] || { echo "no python3 or python on the PATH; set PYTHON"; exit 1; }
 COMMON=(--device "$DEVICE" --dtype bfloat16 --shape "$SHAPE" --layers "$LAYERS" --atlas-cache "$ATLAS_CACHE"
         --atlas-tokens 2048)
 mkdir -p "$OUT"
@@ -35,8 +38,8 @@ failed=0
 run() {  # run <cap seconds> <module> [args...]
     local cap=$1 module=$2
     shift 2
-    echo "== [$((SECONDS - start)) s] python -m $module $* (cap ${cap} s)"
-    timeout --signal=INT --kill-after=5 "$cap" python -m "$module" "$@"
+    echo "== [$((SECONDS - start)) s] $PYTHON -m $module $* (cap ${cap} s)"
+    timeout --signal=INT --kill-after=5 "$cap" "$PYTHON" -m "$module" "$@"
     local rc=$?
     if [ "$rc" -ne 0 ]; then
         echo "!! $module exited with status $rc (124: hit its cap)"
@@ -45,7 +48,7 @@ run() {  # run <cap seconds> <module> [args...]
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 1
+"$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" || exit 1
 
 run 40 bench.storage --out "$OUT/storage.json"
 run 135 bench.train_step "${COMMON[@]}" --batch 2 --seq 1024 --repeats 5 --warmup 2 \
