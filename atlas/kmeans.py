@@ -42,16 +42,6 @@ def nearest_centers(x: torch.Tensor, prepared: WeightedCenters) -> torch.Tensor:
     return dist.argmin(1)
 
 
-def nearest_center_of_row(x: torch.Tensor, prepared: WeightedCenters) -> int:
-    """k* = argmin_k w_k ||x - c_k||^2 of one input `x` (d,) as an int (no gradient): `nearest_centers` for a single
-    row, by a matrix-vector product and five operations in all, the same float64 expansion (its rounding, and so its
-    argmin, agrees with `nearest_centers` but for ties within that rounding)."""
-    x64 = x.detach().reshape(-1).double()
-    dist = torch.addmv(prepared.offset, prepared.cross, x64)
-    dist.add_(prepared.weights, alpha=float(x64.dot(x64)))
-    return int(dist.argmin())
-
-
 def kmeans_plus_plus(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """k initial centers: the first uniformly, each next with probability proportional to D(x)^2."""
     n = x.shape[0]

@@ -24,10 +24,12 @@ g(x) A Pi(x) x, and when the factors have the backbone's dtype one addmm adds s 
 
 A single row without autograd (batch-1 decoding, one new token per step) takes another route to the same equation
 (`AtlasSite.condition_row`, `AtlasLinear.forward_row`): there every operation costs its fixed few microseconds and
-the arithmetic is nothing, so k* comes from one matrix-vector product, only U_k* is applied, the gate's scalar
-arithmetic runs on Python floats, and g(x) is folded into the scale of LoRA's last product. On micro that is 334
-torch operations per generated token more than LoRA's, where the batched forms take 760 more (profiler count over a
-32-token batch-1 `generate`; docs/performance.md).
+the arithmetic is nothing. k* comes from one float64 matrix-vector product with the K centers (and |x|^2), the
+subspace gate from U_k*'s R coordinates alone, the argmin and the gate's scalar arithmetic run on Python floats, and
+each module applies A Pi_k* = A - (A U_k*) U_k*^T, kept per center (K times A's size, recomputed only when A, the
+filters or c change), so its residual is LoRA's two products with g(x) folded into the scale of the last. On micro
+that is 152 torch operations per generated token more than LoRA's, where the batched forms take 760 more (profiler
+count over a 32-token batch-1 `generate`; docs/performance.md).
 
 Hard assignment still takes all K coordinates in the one matmul: selecting U_{k*} per token moves
 n d R filter values (a gather), more than the d K R the shared matmul reads once n > K, and K
@@ -37,6 +39,7 @@ per-cluster matmuls would cost K launches per site.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from typing import Optional
 
@@ -45,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atlas.atlas import EPS, SiteAtlas
-from atlas.kmeans import WeightedCenters, nearest_center_of_row, nearest_centers, pairwise_sq_dists
+from atlas.kmeans import WeightedCenters, nearest_centers, pairwise_sq_dists
 
 
 class AtlasSite(nn.Module):
@@ -164,55 +167,62 @@ class AtlasSite(nn.Module):
         return self.assign == "hard" or not self.use_filter
 
     def _row_constants(self) -> tuple:
-        """(per-center filters U_k (d, R), centers c_k (d,) in float32, 1 / sigma_k^2, log q, slope) for
-        `condition_row`, kept until a buffer changes."""
-        bufs = (self.filters, self.centers, self.inv_sigma2, self.log_q, self.gate_slope)
-        key = tuple((b.data_ptr(), b._version, b.dtype, b.device) for b in bufs)
-        if self._row_consts is None or self._row_consts[0] != key:
-            self._row_consts = (key, list(self.filters.unbind(0)), list(self.centers.float().unbind(0)),
-                                self.inv_sigma2.tolist(), float(self.log_q), float(self.gate_slope))
-        return self._row_consts[1:]
+        """For `condition_row`: -2 w_k c_k (K, d) in float64 (w_k = 1 / sigma_k^2); w_k |c_k|^2 and w_k as Python
+        floats; U_k^T (R, d) for each k, contiguous; the centers in float32 (distance gate); 1 / sigma_k^2 as floats;
+        log q; slope. Kept until a buffer is replaced (a move or a reassignment) or changed in place (its version
+        counter); the buffers are held, so a replaced one cannot be mistaken for its successor."""
+        # The buffers straight from `_buffers`: at one row nn.Module.__getattr__ (about 1 us a buffer) is a visible
+        # share of a site's conditioning.
+        b = self._buffers
+        bufs = (b["filters"], b["centers"], b["inv_sigma2"], b["log_q"], b["gate_slope"])
+        rc = self._row_consts
+        if (rc is None or rc[1] != tuple([t._version for t in bufs])
+                or not all(map(operator.is_, rc[0], bufs))):
+            wc = self.weighted_centers()
+            rc = self._row_consts = (bufs, tuple(b._version for b in bufs), wc.cross, wc.offset.tolist(),
+                                     wc.weights.tolist(), [u.T.contiguous() for u in self.filters.detach().unbind(0)],
+                                     list(self.centers.float().unbind(0)), self.inv_sigma2.tolist(), float(self.log_q),
+                                     float(self.gate_slope))
+        return rc[2:]
 
     def condition_row(self, x: torch.Tensor):
-        """`condition` for a single input row without autograd (batch-1 decoding): (g, k*, coords) with the gate g(x)
-        as a float (None without the gate), k* as an int and c U_k*^T x as (1, R) in x's dtype (None without the
-        filter); (None, None, None) at conditioning 0 or with gate and filter off. Hard assignment only (`row_path`).
+        """`condition` for a single input row without autograd (batch-1 decoding): (g, k*) with the gate g(x) as a
+        float (None without the gate) and k* as an int; (None, None) at conditioning 0 or with gate and filter off.
+        Hard assignment only (`row_path`); the filter itself is applied by the module (`AtlasLinear.filtered_a_rows`).
 
-        The same equation by fewer, smaller operations than `condition`: at one row every operation is a few
-        microseconds of fixed cost and the arithmetic is nothing, so only the nearest center's
-        filter is applied (one (d, R) product where `condition` takes all K filters and masks them), and the gate's
-        scalar arithmetic is done in Python floats (float64). It rounds differently from `condition`, within float32
-        rounding (a test checks both against the float64 equation). Cached for the most recent input tensor like
+        The same equation by fewer operations than `condition`: at one row every operation is a few microseconds of
+        fixed cost and the arithmetic is nothing, so k* comes from one float64 matrix-vector product with the K
+        centers' cross terms and |x|^2, only U_k*'s coordinates are computed (for the subspace gate), and the rest
+        (the argmin, the energy outside U_k*, the gate) is done on Python floats. k* agrees with `nearest_centers`
+        but for ties within float64 rounding; the gate rounds differently from `condition`'s, within float32 rounding
+        (a test checks both against the float64 equation). Cached for the most recent input tensor like
         `condition`."""
         if self._last_row is not None and self._last_row[0]() is x:
             return self._last_row[1]
         if self.conditioning == 0.0 or not (self.use_gate or self.use_filter):
-            return None, None, None
+            return None, None
         lam = self.conditioning
+        cross, offset, weights, filters_t, centers, inv_sigma2, log_q, slope = self._row_constants()
         flat = x.reshape(-1)
-        filters, centers, inv_sigma2, log_q, slope = self._row_constants()
-        k = nearest_center_of_row(flat, self.weighted_centers())
-        coords = gate = None
-        if self.use_filter or (self.use_gate and self.gate_signal == "subspace"):
-            coords = torch.mm(x.reshape(1, -1), filters[k].to(x.dtype))  # (1, R): U_k*^T x
+        x64 = flat.double()
+        energy = float(torch.dot(x64, x64))
+        dist = [o + t + w * energy for o, t, w in zip(offset, torch.mv(cross, x64).tolist(), weights)]
+        k = dist.index(min(dist))  # the first of equal minima, as argmin
+        gate = None
         if self.use_gate:
-            xf = flat.float()
             if self.gate_signal == "subspace":  # the share of x's energy outside U_k*
-                energy = float(xf.dot(xf))
-                cf = coords.reshape(-1).float()
-                signal = max(energy - float(cf.dot(cf)), 0.0) / max(energy, EPS)
+                u_t = filters_t[k]
+                coords = torch.mv(u_t, flat if flat.dtype == u_t.dtype else flat.to(u_t.dtype)).tolist()
+                inside = sum(v * v for v in coords)
+                signal = max(energy - inside, 0.0) / max(energy, EPS)
             else:  # delta_k* from the difference itself, as in `condition`
-                diff = xf - centers[k]
+                diff = flat.float() - centers[k]
                 signal = float(diff.dot(diff)) * inv_sigma2[k]
             logit = (math.log(max(signal, EPS)) - log_q) * slope / self.gate_temperature
             gate = 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
             if lam != 1.0:
                 gate = 1.0 + lam * (gate - 1.0)
-        if not self.use_filter:
-            coords = None
-        elif lam != 1.0:
-            coords = coords * lam
-        out = (gate, k, coords)
+        out = (gate, k)
         self._last_row = (weakref.ref(x), out)
         return out
 
@@ -240,7 +250,7 @@ class AtlasLinear(nn.Module):
         self.scaling = alpha / rank
         self.scale_factor = 1.0
         self._filtered_a: Optional[tuple] = None
-        self._filtered_a_blocks: Optional[tuple] = None
+        self._filtered_a_rows: Optional[tuple] = None
 
     @property
     def in_features(self) -> int:
@@ -270,23 +280,31 @@ class AtlasLinear(nn.Module):
             cached = self._filtered_a = (key, value, a.detach(), u)
         return cached[1]
 
-    def filtered_a_blocks(self) -> list[torch.Tensor]:
-        """(A U_k)^T for each center k, (R, r) contiguous, from the kept A U (no autograd; for `forward_row`)."""
-        au = self.filtered_a()
-        cached = self._filtered_a_blocks
-        if cached is None or cached[0] is not au:
-            cached = self._filtered_a_blocks = (au, [b.T.contiguous() for b in au.split(self.site.filters.shape[2], 1)])
-        return cached[1]
+    def filtered_a_rows(self) -> list[torch.Tensor]:
+        """A Pi_k = A - c (A U_k) U_k^T for each center k, (r, d_in) in A's dtype, from float64 products (no autograd;
+        for `forward_row`): with k* known, A Pi(x) x = A Pi_k* x is one product. K times A's size. Kept until A or the
+        filters change in place (version counters) or move (A's storage, the filters' tensor), or the conditioning
+        knob c changes; the source tensors are held, so their storage cannot be reused under the same key."""
+        site = self._modules["site"]  # direct lookups, as in `AtlasSite._row_constants`
+        a, u, lam = self._parameters["lora_A"], site._buffers["filters"], site.conditioning
+        c = self._filtered_a_rows
+        if c is None or c[0] != (a._version, a.data_ptr(), u._version, lam) or c[2] is not u:
+            with torch.no_grad():
+                a64, u64 = a.detach().double(), u.detach().double()  # (r, d), (K, d, R)
+                inside = torch.einsum("qe,kej,kdj->kqd", a64, u64, u64)  # (A U_k) U_k^T, (K, r, d)
+                rows = list((a64.unsqueeze(0) - lam * inside).to(a.dtype).unbind(0))
+            c = self._filtered_a_rows = ((a._version, a.data_ptr(), u._version, lam), rows, u, a.detach())
+        return c[1]
 
     def forward_row(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """W x + s g(x) B (A x - (A U_k*)(U_k*^T x)) for a single row without autograd, y = W x given
-        (`AtlasSite.condition_row`): LoRA's three products plus one (R, r) product, the gate folded into the scale."""
-        gate, k, coords = self.site.condition_row(x)
-        ax = F.linear(x.reshape(1, -1), self.lora_A)  # (1, r)
-        if coords is not None:
-            ax = torch.addmm(ax, coords, self.filtered_a_blocks()[k], alpha=-1.0)
+        """W x + s g(x) B A Pi_k* x for a single row without autograd, y = W x given (`AtlasSite.condition_row`):
+        LoRA's two products, with A Pi_k* in place of A and the gate folded into the scale."""
+        site = self._modules["site"]  # direct lookups, as in `AtlasSite._row_constants`
+        gate, k = site.condition_row(x)
+        a = self._parameters["lora_A"] if k is None or not site.use_filter else self.filtered_a_rows()[k]
+        ax = F.linear(x.reshape(1, -1), a)  # (1, r)
         scale = self.scaling * self.scale_factor * (1.0 if gate is None else gate)
-        return torch.addmm(y.reshape(1, -1), ax, self.lora_B.T, alpha=scale).view(y.shape)
+        return torch.addmm(y.reshape(1, -1), ax, self._parameters["lora_B"].T, alpha=scale).view(y.shape)
 
     def gated_low_rank(self, x: torch.Tensor) -> torch.Tensor:
         """g(x) * A Pi(x) x, (n, r) in the factors' dtype (the gate scales the r-wide rows, not the output)."""
@@ -303,12 +321,15 @@ class AtlasLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        if y.dtype != self.lora_B.dtype:  # half-precision backbone: the residual is added in x's dtype
+        # Submodules and B straight from their dicts (nn.Module.__getattr__ costs about 1 us a lookup, a visible share
+        # of a batch-1 decoding step, which runs this for every module and token).
+        y = self._modules["base"](x)
+        b = self._parameters["lora_B"]
+        if y.dtype != b.dtype:  # half-precision backbone: the residual is added in x's dtype
             return y + self.residual(x)
-        if x.numel() == x.shape[-1] and not torch.is_grad_enabled() and self.site.row_path:
+        if x.numel() == x.shape[-1] and not torch.is_grad_enabled() and self._modules["site"].row_path:
             return self.forward_row(x, y)  # one row (batch-1 decoding): fewer, smaller operations
         # W x + s (g A Pi x) B^T in one addmm: the scale, B and the sum fused
-        out = torch.addmm(y.reshape(-1, self.out_features), self.gated_low_rank(x), self.lora_B.T,
+        out = torch.addmm(y.reshape(-1, b.shape[0]), self.gated_low_rank(x), b.T,
                           alpha=self.scaling * self.scale_factor)
         return out.view(y.shape)

@@ -261,3 +261,26 @@ def test_one_row_follows_changes_of_a_and_of_the_gate():
         second = layer(row.clone())
     assert not torch.allclose(first, second)
     close(second.reshape(1, -1), reference_at(layer, row.reshape(1, -1), 1.0))
+
+
+def test_one_row_follows_the_conditioning_knob_a_move_and_replaced_filters():
+    """The per-center A Pi_k and the site's constants are rebuilt when the knob c changes, when the layer moves to
+    another dtype, and when a buffer is replaced by another tensor (whose version counter may equal the old one's)."""
+    site, x = clustered_site(seed=9, gate_signal="subspace")
+    layer = layer_for(site, gate_signal="subspace")
+    row = inputs(site, x)[0, :1].reshape(1, 1, 24)
+    with torch.no_grad():
+        close(layer(row).reshape(1, -1), reference_at(layer, row.reshape(1, -1), 1.0))
+        layer.site.conditioning = 0.5
+        close(layer(row.clone()).reshape(1, -1), reference_at(layer, row.reshape(1, -1), 0.5))
+        layer.site.conditioning = 1.0
+        layer.double()
+        row64 = row.double()
+        out64 = layer(row64)
+        assert out64.dtype == torch.float64 and layer.filtered_a_rows()[0].dtype == torch.float64
+        close(out64.reshape(1, -1), reference_at(layer, row64.reshape(1, -1), 1.0))
+        g = torch.Generator().manual_seed(4)
+        q, _ = torch.linalg.qr(torch.randn(site.filters.shape[0], 24, site.filters.shape[2], dtype=torch.float64,
+                                           generator=g))
+        layer.site.filters = q  # a new tensor in place of the buffer
+        close(layer(row64.clone()).reshape(1, -1), reference_at(layer, row64.reshape(1, -1), 1.0))
