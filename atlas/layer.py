@@ -175,11 +175,11 @@ class AtlasSite(nn.Module):
         # share of a site's conditioning.
         b = self._buffers
         bufs = (b["filters"], b["centers"], b["inv_sigma2"], b["log_q"], b["gate_slope"])
+        versions = tuple([t._version for t in bufs])
         rc = self._row_consts
-        if (rc is None or rc[1] != tuple([t._version for t in bufs])
-                or not all(map(operator.is_, rc[0], bufs))):
+        if rc is None or rc[1] != versions or not all(map(operator.is_, rc[0], bufs)):
             wc = self.weighted_centers()
-            rc = self._row_consts = (bufs, tuple(b._version for b in bufs), wc.cross, wc.offset.tolist(),
+            rc = self._row_consts = (bufs, versions, wc.cross, wc.offset.tolist(),
                                      wc.weights.tolist(), [u.T.contiguous() for u in self.filters.detach().unbind(0)],
                                      list(self.centers.float().unbind(0)), self.inv_sigma2.tolist(), float(self.log_q),
                                      float(self.gate_slope))
