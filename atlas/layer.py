@@ -174,15 +174,15 @@ class AtlasSite(nn.Module):
         # The buffers straight from `_buffers`: at one row nn.Module.__getattr__ (about 1 us a buffer) is a visible
         # share of a site's conditioning.
         b = self._buffers
-        bufs = (b["filters"], b["centers"], b["inv_sigma2"], b["log_q"], b["gate_slope"])
+        bufs = filters, centers, inv_sigma2, log_q, slope = (b["filters"], b["centers"], b["inv_sigma2"], b["log_q"],
+                                                             b["gate_slope"])
         versions = tuple([t._version for t in bufs])
         rc = self._row_consts
         if rc is None or rc[1] != versions or not all(map(operator.is_, rc[0], bufs)):
             wc = self.weighted_centers()
-            rc = self._row_consts = (bufs, versions, wc.cross, wc.offset.tolist(),
-                                     wc.weights.tolist(), [u.T.contiguous() for u in self.filters.detach().unbind(0)],
-                                     list(self.centers.float().unbind(0)), self.inv_sigma2.tolist(), float(self.log_q),
-                                     float(self.gate_slope))
+            rc = self._row_consts = (bufs, versions, wc.cross, wc.offset.tolist(), wc.weights.tolist(),
+                                     [u.T.contiguous() for u in filters.detach().unbind(0)],
+                                     list(centers.float().unbind(0)), inv_sigma2.tolist(), float(log_q), float(slope))
         return rc[2:]
 
     def condition_row(self, x: torch.Tensor):
