@@ -36,7 +36,8 @@ def response_logits(model: torch.nn.Module, pairs, pad_id: int, device) -> list[
         mask[b, : len(seq)] = 1
     # Only positions from the shortest prompt's last token on predict response tokens: keep those logits.
     offset = min(len(p.prompt_ids) for p in pairs) - 1
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), logits_to_keep=width - offset).logits
+    logits = model(input_ids=ids.to(device, non_blocking=True), attention_mask=mask.to(device, non_blocking=True),
+                   logits_to_keep=width - offset).logits
     out = []
     for b, p in enumerate(pairs):
         start = len(p.prompt_ids) - 1 - offset  # position t predicts token t + 1

@@ -296,7 +296,8 @@ class FrozenFloor:
         for _ in range(steps):
             micro = [self.examples[i] for i in stream.take(self.batch_size)]
             t0 = time.perf_counter()
-            batches, targets = target_groups(micro, self.pad_id, groups, torch.device("cpu"))
+            out = target_groups(micro, self.pad_id, groups, torch.device("cpu"))
+            batches, targets = out[0], out[1]  # (batches, targets[, tokens]) in every version of the loop
             for b in batches:
                 (sft_loss_sum(self.model, b) / targets).backward()
                 tokens += int(b["attention_mask"].sum())

@@ -17,7 +17,7 @@ dataset into batches of similar length, which changes which examples share a ste
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,24 +56,42 @@ def length_groups(lengths: Sequence[int], max_groups: int) -> list[list[int]]:
 
 
 def sft_batches(examples: Sequence[dict[str, list[int]]], pad_id: int, max_groups: int) -> list[dict[str, torch.Tensor]]:
-    """The micro-batch as right-padded groups (`length_groups`), each with `input_ids`, `attention_mask`, `labels`."""
+    """The micro-batch as right-padded groups (`length_groups`), each with `input_ids`, `attention_mask`, `labels`, on
+    the host."""
     if not examples:
         raise ValueError("sft_batches: no examples")
     groups = length_groups([len(e["input_ids"]) for e in examples], max_groups)
     return [collate([examples[i] for i in group], pad_id) for group in groups]
 
 
+class TargetGroups(NamedTuple):
+    """A micro-batch ready for the loop: its length groups that hold targets, each on the device with the model's
+    inputs, `labels` and `logit_positions` (`logit_positions`); the micro-batch's target count and real (unpadded)
+    token count, both counted on the host."""
+
+    batches: list[dict[str, torch.Tensor]]
+    targets: int
+    tokens: int
+
+
 def target_groups(examples: Sequence[dict[str, list[int]]], pad_id: int, max_groups: int,
-                  device: torch.device) -> tuple[list[dict[str, torch.Tensor]], int]:
-    """(`sft_batches` groups that hold targets, on `device`; their target count). A group of examples without
-    response tokens adds nothing to the loss and is left out; none left gives ([], 0)."""
-    groups, targets = [], 0
+                  device: torch.device) -> TargetGroups:
+    """The micro-batch's `sft_batches` groups that hold targets, moved to `device`, with the counts the loop needs.
+    A group of examples without response tokens adds nothing to the loss and is left out; none left gives no batches
+    and 0 targets.
+
+    Everything that depends on the values is computed on the host before the move (the target count, the positions
+    whose logits are needed, the token count) and the move does not wait (`non_blocking`), so on an accelerator
+    preparing a micro-batch never makes the host wait for the device (`bench.host_syncs` counts such waits)."""
+    batches, targets, tokens = [], 0, 0
     for group in sft_batches(examples, pad_id, max_groups):
         count = target_count(group)
         if count:
-            groups.append({k: v.to(device) for k, v in group.items()})
             targets += count
-    return groups, targets
+            tokens += int(group["attention_mask"].sum())
+            group["logit_positions"] = logit_positions(group)
+            batches.append({k: v.to(device, non_blocking=True) for k, v in group.items()})
+    return TargetGroups(batches, targets, tokens)
 
 
 def target_count(batch: dict[str, torch.Tensor]) -> int:
@@ -81,14 +99,20 @@ def target_count(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"][:, 1:] != IGNORE).sum())
 
 
+def logit_positions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(m,) the positions p, ascending, where some row's label at p + 1 is a target: where the logits are needed."""
+    return (batch["labels"][:, 1:] != IGNORE).any(0).nonzero().squeeze(1)
+
+
 def sft_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Summed token cross-entropy (nats) of the model's next-token predictions at the batch's targets.
 
     The logits are computed only at positions p where some row's label at p + 1 is a target (the model's
-    `logits_to_keep` with a position index), in float32 as transformers' causal-LM loss does."""
+    `logits_to_keep` with a position index: the batch's `logit_positions` when it has them, as `target_groups` gives
+    them, else computed here), in float32 as transformers' causal-LM loss does."""
     labels = batch["labels"]
     nxt = labels[:, 1:]
-    keep = (nxt != IGNORE).any(0).nonzero().squeeze(1)
+    keep = batch["logit_positions"] if "logit_positions" in batch else logit_positions(batch)
     if keep.numel() == 0:
         raise ValueError("sft_loss_sum: the batch has no targets")
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep,

@@ -264,28 +264,32 @@ def train(
             t0 = time.perf_counter()
             ctx.step = step
             optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
+            # The step's loss is summed on the device (float64, as a Python float sum would be) and read once, at the
+            # end of the step: a read per group would make the host wait for each backward (bench.host_syncs).
+            step_total = None
             for _ in range(grad_accum):
                 micro = method.mix_batches([examples[i] for i in stream.take(batch_size)], ctx)
-                groups, targets = target_groups(micro, pad_id, cfg.length_groups, ctx.device)
-                if not groups:
+                groups = target_groups(micro, pad_id, cfg.length_groups, ctx.device)
+                if not groups.batches:
                     raise ValueError(f"train(): step {step}: none of the micro-batch's {len(micro)} examples has a "
                                      "response token to train on (labels all -100)")
-                for g_index, batch in enumerate(groups):  # one forward and backward per length group
+                for g_index, batch in enumerate(groups.batches):  # one forward and backward per length group
                     with torch.autocast(ctx.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                        loss = sft_loss_sum(model, batch) / targets
-                        if g_index == len(groups) - 1:  # the method's term once per micro-batch
+                        loss = sft_loss_sum(model, batch) / groups.targets
+                        if g_index == len(groups.batches) - 1:  # the method's term once per micro-batch
                             extra = method.extra_loss(model, batch, ctx)
                             if extra is not None:
                                 loss = loss + extra
                     (loss / grad_accum).backward()
-                    step_loss += loss.item() / grad_accum
-                    result.tokens_seen += int(batch["attention_mask"].sum())
+                    part = loss.detach().double() / grad_accum
+                    step_total = part if step_total is None else step_total + part
+                result.tokens_seen += groups.tokens
             if cfg.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             sched.step()
             method.after_step(model, ctx)
+            step_loss = step_total.item()
             result.losses.append(step_loss)
             result.train_seconds += time.perf_counter() - t0
             bar.update(1)

@@ -126,13 +126,16 @@ class CachedLogprobs:
             step = max(1, KL_CHUNK_ELEMENTS // max(1, adapted_logprobs.shape[-1]))
             out = []
             for lo in range(0, len(rows), step):
-                base = torch.log_softmax(self.full[rows[lo:lo + step]].to(adapted_logprobs.device).float(), dim=-1)
+                # Host-to-device moves do not wait for the device's queue (non_blocking; the host rows are
+                # staged at once), so a training step's KL term (LwF) does not stall on them.
+                rows_here = self.full[rows[lo:lo + step]].to(adapted_logprobs.device, non_blocking=True)
+                base = torch.log_softmax(rows_here.float(), dim=-1)
                 out.append(per_token_kl_full(base, quantize_logprobs(adapted_logprobs[lo:lo + step], self.dtype)))
             return torch.cat(out) if out else adapted_logprobs.new_zeros(0, dtype=torch.float32)
         dev = adapted_logprobs.device
         return per_token_kl_topk(
-            self.topk_logprobs[rows].to(dev), self.topk_indices[rows].to(dev),
-            self.tail_logmass[rows].to(dev), adapted_logprobs,
+            self.topk_logprobs[rows].to(dev, non_blocking=True), self.topk_indices[rows].to(dev, non_blocking=True),
+            self.tail_logmass[rows].to(dev, non_blocking=True), adapted_logprobs,
         )
 
 

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from experiments.batching import length_groups, sft_batches, sft_loss_sum, target_count
+from experiments.batching import length_groups, logit_positions, sft_batches, sft_loss_sum, target_count, target_groups
 from experiments.config import train_config
 from experiments.prompts import collate
 from experiments.train import train
@@ -110,6 +110,31 @@ def test_grouped_loss_equals_the_padded_batch_loss_and_gradients(arch):
     with torch.no_grad():
         per_group_mean = sum(model(**g, use_cache=False).loss for g in groups) / len(groups)
     assert abs(float(per_group_mean) - float(reference.detach())) > 1e-4
+
+
+def test_target_groups_count_on_the_host_and_carry_the_logit_positions():
+    """`target_groups`: the groups holding targets, their target and real-token counts, and each group's logit
+    positions (computed before the move), with which `sft_loss_sum` gives the loss it computes without them."""
+    examples = random_examples(10, 64, seed=3)
+    groups = target_groups(examples, PAD, 3, torch.device("cpu"))
+    assert len(groups.batches) == 3 and sum(len(b["input_ids"]) for b in groups.batches) == 10
+    assert groups.targets == target_count(collate(examples, PAD))
+    assert groups.tokens == sum(len(e["input_ids"]) for e in examples)
+    model = tiny_model("qwen3").eval()
+    for batch in groups.batches:
+        nxt = batch["labels"][:, 1:]
+        expected = [p for p in range(nxt.shape[1]) if bool((nxt[:, p] != -100).any())]
+        assert batch["logit_positions"].tolist() == expected
+        bare = {k: v for k, v in batch.items() if k != "logit_positions"}
+        torch.testing.assert_close(logit_positions(bare), batch["logit_positions"], rtol=0, atol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(sft_loss_sum(model, batch), sft_loss_sum(model, bare), rtol=0, atol=0)
+    # a group without targets is left out, and its tokens are not counted
+    long_without = example(list(range(1, 40)), 39)
+    kept = target_groups(examples[:4] + [long_without], PAD, 5, torch.device("cpu"))  # one example per group
+    assert len(kept.batches) == 4 and kept.tokens == sum(len(e["input_ids"]) for e in examples[:4])
+    empty = target_groups([example([5, 6, 7], 3)], PAD, 3, torch.device("cpu"))
+    assert empty.batches == [] and empty.targets == 0 and empty.tokens == 0
 
 
 def test_target_count_and_a_batch_without_targets():
