@@ -39,7 +39,6 @@ from typing import Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 
 from bench.common import REPO, command_line, environment, table, write_json
 
@@ -48,9 +47,18 @@ DEFAULT_METHODS = ("lora", "atlas")
 VALUE_READS = frozenset({"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "nonzero", "argwhere",
                          "unique", "unique_consecutive", "masked_select", "repeat_interleave"})
 LIBRARIES = ("transformers", "peft", "torch", "accelerate")
+FLAG = "_bench_on_device"  # the attribute that marks a tensor as living on the (emulated) device
 
 
-FLAG = "_bench_on_device"
+def tensors_in(obj) -> list[torch.Tensor]:
+    """The tensors in `obj` and, recursively, in its tuples, lists and dict values."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in tensors_in(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in tensors_in(item)]
+    return []
 
 
 def _is_device(value) -> bool:
@@ -162,7 +170,7 @@ class HostSyncCounter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        leaves = tensors_in((args, kwargs))
         copy = self.copy_kind(name, args, kwargs)
         if copy or (name in VALUE_READS and leaves and self.on_device(leaves[0])):
             self.counts[(name if not copy else f"{name} ({copy})", _origin(sys._getframe(1)))] += 1
@@ -170,7 +178,7 @@ class HostSyncCounter(TorchFunctionMode):
         if self.emulate and (copy == "to device" or (copy is None and (
                 any(self.on_device(t) for t in leaves) or _device_factory(kwargs)
                 or (name in ("to", "cuda") and _target_device(name, args, kwargs) is not None)))):
-            for t in tree_leaves(out):
+            for t in tensors_in(out):
                 self.mark(t)
         return out
 
