@@ -61,31 +61,20 @@ def tensors_in(obj) -> list[torch.Tensor]:
     return []
 
 
-def _is_device(value) -> bool:
-    return isinstance(value, torch.device) or (isinstance(value, str)
-                                               and value.split(":")[0] in ("cpu", "cuda", "mps", "xpu"))
+def _names_host(value) -> bool:
+    """Whether a device argument is the string "cpu", which code writes for tensors it keeps on the host (AdamW's step
+    increment, `.to("cpu")`); a `torch.device` is taken as the run's device."""
+    return isinstance(value, str) and value.split(":")[0] == "cpu"
 
 
-def _target_device(name: str, args: tuple, kwargs: dict):
-    """The device a `.to` / `.cuda` / `.cpu` call moves its tensor to, or None when it names none (a dtype cast)."""
-    if name == "cpu":
-        return torch.device("cpu")
-    if name == "cuda":
-        return torch.device("cuda")
-    if name != "to":
-        return None
-    if "device" in kwargs and kwargs["device"] is not None:
-        return torch.device(kwargs["device"])
-    if len(args) > 1 and _is_device(args[1]):
-        return torch.device(args[1])
+def _device_argument(name: str, args: tuple, kwargs: dict):
+    """The device a `.to` call names (keyword or second positional argument), or None (a dtype cast)."""
+    if kwargs.get("device") is not None:
+        return kwargs["device"]
+    if name == "to" and len(args) > 1 and (isinstance(args[1], torch.device) or (
+            isinstance(args[1], str) and args[1].split(":")[0] in ("cpu", "cuda", "mps", "xpu"))):
+        return args[1]
     return None
-
-
-def _device_factory(kwargs: dict) -> bool:
-    """Whether a call names a device for its result (`torch.zeros(..., device=x.device)`), other than the string "cpu",
-    which code writes for tensors it keeps on the host (AdamW's step increment)."""
-    device = kwargs.get("device")
-    return device is not None and not (isinstance(device, str) and device.split(":")[0] == "cpu")
 
 
 def _non_blocking(name: str, args: tuple, kwargs: dict) -> bool:
@@ -150,20 +139,30 @@ class HostSyncCounter(TorchFunctionMode):
         self._hooks.clear()
         return super().__exit__(*exc)
 
-    def copy_kind(self, name: str, args: tuple, kwargs: dict) -> Optional[str]:
-        """'to device' or 'to host' for a blocking copy between host and device, else None."""
-        target = _target_device(name, args, kwargs)
-        if target is None or not args or not isinstance(args[0], torch.Tensor):
+    def destination(self, name: str, args: tuple, kwargs: dict) -> Optional[str]:
+        """Where a `.to` / `.cuda` / `.cpu` call moves its tensor: 'device', 'host', or None when it names no device.
+        Emulating, every device is "cpu": `.cpu()` and the string "cpu" mean the host, any other device the run's."""
+        if name == "cpu":
+            return "host"
+        if name == "cuda":
+            return "device"
+        if name != "to":
             return None
-        src_on_device = self.on_device(args[0])
-        if self.emulate:  # every device is "cpu" here: .cpu() and .to("cpu") mean the host, .to(<device>) the run's
-            raw = kwargs.get("device", args[1] if name == "to" and len(args) > 1 else None)
-            to_device = name != "cpu" and not (isinstance(raw, str) and raw.split(":")[0] == "cpu")
-        else:
-            to_device = target.type != "cpu"
-        if to_device and not src_on_device and not _non_blocking(name, args, kwargs):
+        device = _device_argument(name, args, kwargs)
+        if device is None:
+            return None
+        if self.emulate:
+            return "host" if _names_host(device) else "device"
+        return "host" if torch.device(device).type == "cpu" else "device"
+
+    def copy_kind(self, name: str, args: tuple, kwargs: dict, destination: Optional[str]) -> Optional[str]:
+        """'to device' or 'to host' for a blocking copy between host and device, else None."""
+        if destination is None or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        on_device = self.on_device(args[0])
+        if destination == "device" and not on_device and not _non_blocking(name, args, kwargs):
             return "to device"
-        if not to_device and src_on_device:
+        if destination == "host" and on_device:
             return "to host"
         return None
 
@@ -171,13 +170,16 @@ class HostSyncCounter(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         leaves = tensors_in((args, kwargs))
-        copy = self.copy_kind(name, args, kwargs)
+        destination = self.destination(name, args, kwargs)
+        copy = self.copy_kind(name, args, kwargs, destination)
         if copy or (name in VALUE_READS and leaves and self.on_device(leaves[0])):
             self.counts[(name if not copy else f"{name} ({copy})", _origin(sys._getframe(1)))] += 1
         out = func(*args, **kwargs)
-        if self.emulate and (copy == "to device" or (copy is None and (
-                any(self.on_device(t) for t in leaves) or _device_factory(kwargs)
-                or (name in ("to", "cuda") and _target_device(name, args, kwargs) is not None)))):
+        # Emulating: a result lives on the device when it was moved there, or computed from a device tensor or made
+        # by a factory given a device (but the string "cpu"), and was not moved to the host.
+        if self.emulate and destination != "host" and (
+                destination == "device" or any(self.on_device(t) for t in leaves)
+                or (kwargs.get("device") is not None and not _names_host(kwargs["device"]))):
             for t in tensors_in(out):
                 self.mark(t)
         return out

@@ -66,8 +66,8 @@ def sft_batches(examples: Sequence[dict[str, list[int]]], pad_id: int, max_group
 
 class TargetGroups(NamedTuple):
     """A micro-batch ready for the loop: its length groups that hold targets, each a dict on the device with
-    `input_ids`, `attention_mask`, `labels` and `logit_positions` (`logit_positions`: where `sft_loss_sum` needs
-    logits); the micro-batch's target count and real (unpadded) token count, both counted on the host."""
+    `input_ids`, `attention_mask`, `labels` and `logit_positions` (where `sft_loss_sum` needs logits); the
+    micro-batch's target count and real (unpadded) token count, both counted on the host."""
 
     batches: list[dict[str, torch.Tensor]]
     targets: int
