@@ -50,6 +50,11 @@ FILTERS = RESULTS / "filters"  # ATLAS's current filters against its earlier one
 REPLICATION = RESULTS / "replication"
 REPLICATION_SHA = "12645ec14cf668b47d607f8278edaf82456df18b"
 EXTENDED = RESULTS / "extended"  # the five methods beyond the paper under micro_main's protocol
+# The protocol cut to fit 2 hours on 2 cores (micro_tune_1pt, analysis tune --points 1, micro_main_1pt) on a clean
+# clone of the commit that added its presets, two one-thread runs at a time.
+ONE_POINT = RESULTS / "one_point"
+ONE_POINT_SHA = "4e1ee34abcedddee801ec252d09ac7d5403b4a13"
+PAPER_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
 
 
 @pytest.mark.parametrize("records,report,reference,variants", [
@@ -60,6 +65,7 @@ EXTENDED = RESULTS / "extended"  # the five methods beyond the paper under micro
     ([Path("docs/results/micro_extended/records")], Path("docs/results/micro_extended/report"), "lora", ()),
     ([REPLICATION / "records"], REPLICATION / "report", REFERENCE, ()),
     ([RESULTS / "records", EXTENDED / "records"], EXTENDED / "report", REFERENCE, ()),
+    ([ONE_POINT / "records"], ONE_POINT / "report", REFERENCE, ()),
 ])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -295,3 +301,43 @@ def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were(
     assert set(after["method"]) == set(before["method"]) | set(FIVE)
     kept = after[after["method"].isin(set(before["method"]))].reset_index(drop=True)
     pd.testing.assert_frame_equal(kept, before)
+
+
+def test_one_point_dev_records_choose_the_committed_points(tmp_path):
+    from analysis.tune import tune
+
+    dev = [json.loads(p.read_text()) for p in sorted((REPO / ONE_POINT / "dev_records").rglob("record.json"))]
+    assert Counter(r["method"] for r in dev) == {"base": 1, **{m: 2 for m in PAPER_METHODS}}
+    for r in dev:
+        assert r["provenance"]["git_sha"] == ONE_POINT_SHA and not r["provenance"]["git_dirty"], r["run_id"]
+        assert r["split"] == "dev" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
+    _, written, _, _ = tune([str(REPO / ONE_POINT / "dev_records")], REFERENCE, 1, out=tmp_path, prefix="micro_1pt")
+    committed = sorted((REPO / "conf/point").glob("micro_1pt_*.yaml"))
+    assert sorted(p.name for p in written) == [p.name for p in committed] and len(committed) == 8
+    for p in committed:
+        assert (tmp_path / p.name).read_text() == p.read_text(), p.name
+
+
+def test_one_point_records_are_micro_main_1pt_at_the_committed_points():
+    records, trained, scaled = _records(ONE_POINT)
+    # One trained point per method at seeds 0, 1, 2 and the base, each trained run also at micro_main's scales.
+    assert Counter(r["method"] for r in trained) == {"base": 3, **{m: 3 for m in PAPER_METHODS}}
+    per_run = Counter(r["run_id"].split("@")[0] for r in scaled)
+    assert sorted(per_run) == sorted(r["run_id"] for r in trained if r["method"] != "base")
+    assert set(per_run.values()) == {len(SCALES)} and sorted({r["scale"] for r in scaled}) == SCALES
+    for r in records:
+        assert r["provenance"]["git_sha"] == ONE_POINT_SHA and not r["provenance"]["git_dirty"], r["run_id"]
+        assert r["split"] == "test" and r["status"] == "complete" and r["backbone"] == "micro", r["run_id"]
+    assert {r["cost"]["threads"] for r in trained} == {1}
+    # The cut keeps micro_main's runs: every record is one of micro_main's (same run id and scale), at its first
+    # (high or reference) point per method.
+    main = {p.relative_to(REPO / RESULTS / "records") for p in (REPO / RESULTS / "records").rglob("record.json")}
+    mine = {p.relative_to(REPO / ONE_POINT / "records") for p in (REPO / ONE_POINT / "records").rglob("record.json")}
+    assert mine <= main and len(mine) == 3 + 24 * (1 + len(SCALES))
+    # The seed-0 trainings are the dev runs that chose the points (committed in dev_records), not trained again.
+    dev = {json.loads(p.read_text())["run_id"] for p in (REPO / ONE_POINT / "dev_records").rglob("record.json")}
+    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
+    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0 and r["method"] != "base")
+    for run_id, donor in reused.items():
+        assert donor["run_id"] in dev and donor["split"] == "dev" and donor["threads"] == 1, run_id
+        assert donor["git_sha"] == ONE_POINT_SHA and not donor["git_dirty"], run_id

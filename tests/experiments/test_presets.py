@@ -26,8 +26,10 @@ EXPECTED_JOBS = {
     "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
     "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 14 * 2 * 3, "micro_ablations": 6 * 2 * 3,
     "micro_defaults": 14, "micro_tune": 33, "paper_tune": 33, "micro_tune_extended": 22, "micro_extended": 12 * 3,
+    "micro_tune_1pt": 17, "micro_main_1pt": 9 * 3,
 }
-DEV = ("micro_tune", "paper_tune", "micro_tune_extended")  # the tuning presets, evaluated on the dev split
+# the tuning presets, evaluated on the dev split
+DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt")
 SEEDS = {"micro_defaults": (0,), **{preset: (0,) for preset in DEV}}
 EXTENDED = tuple(registry.trained_methods("extended"))
 
@@ -117,11 +119,12 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
         assert methods == {"base": 1, "lora": 1, **{name: 2 for name in EXTENDED}}
         assert next(c for c in cfgs if c.method.name == "lora").train.steps == 600
         assert all(list(c.eval.scales) == [0.25, 0.5, 0.75, 0.9, 1.0] for c in cfgs)
-    if preset in DEV:  # equal budget on dev: 4 points per method, none longer than the default training
+    if preset in DEV:  # equal budget on dev: 4 points per method (2 in the 2-hour cut), none longer than the default
         tuned = {"base", "lora", *EXTENDED} if preset == "micro_tune_extended" else {"base", "atlas", *SEVEN}
         assert set(methods) == tuned and methods["base"] == 1
-        assert {n for name, n in methods.items() if name not in ("base", "lora")} == {4}
-        assert methods["lora"] == (1 if preset == "micro_tune_extended" else 4)  # there, only the reference
+        per_method = 2 if preset == "micro_tune_1pt" else 4
+        assert {n for name, n in methods.items() if name not in ("base", "lora")} == {per_method}
+        assert methods["lora"] == (1 if preset == "micro_tune_extended" else per_method)  # there, only the reference
         assert all(c.benchmark.split == "dev" and c.train.steps <= (600 if micro else 625) for c in cfgs)
     else:
         assert all(c.benchmark.split == "test" for c in cfgs)
@@ -169,6 +172,24 @@ def test_main_presets_sweep_each_method_knob():
     assert len({c.method.conditioning for c in tuned["atlas"]}) == 2
     assert 600 in {c.train.steps for c in tuned["lora"]}
     assert all(c.train.steps == 600 for name, cs in tuned.items() if name != "lora" for c in cs)
+
+
+def test_one_point_presets_are_the_full_protocol_cut_to_its_high_points():
+    """The 2-hour cut (docs/reproducing.md): micro_tune_1pt runs, on dev, exactly micro_tune's runs of the two points
+    per method that micro_main reads (same run ids, so a full micro_tune in the same run root leaves nothing to run),
+    and micro_main_1pt one of them per method at seeds 0, 1, 2, at micro_main's post-hoc scales: LoRA's is the
+    reference, every other is micro_main's first point (its high one)."""
+    main_on_dev = [job for job in expand("micro_main", "benchmark.split=dev") if "seed=0" in job]
+    assert sorted(run_ids_of(expand("micro_tune_1pt"))) == sorted(run_ids_of(main_on_dev))
+    assert set(run_ids_of(expand("micro_tune_1pt"))) <= set(run_ids_of(expand("micro_tune")))
+    for seed in (0, 1, 2):
+        cut = jobs_of("micro_main_1pt", seed=seed)
+        assert sorted(c.method.name for c in cut) == sorted(("base", "atlas", *SEVEN))
+        first = [job for job in expand("micro_main") if f"seed={seed}" in job
+                 and any(o.startswith("+point=") and (o.endswith("_1") or o.endswith("_base")) for o in job)]
+        assert sorted(run_id_for(c) for c in cut) == sorted(run_ids_of(first))
+        assert {c.train.steps for c in cut if c.method.name == "lora"} == {600}
+        assert {tuple(c.eval.scales) for c in cut} == {tuple(c.eval.scales) for c in jobs_of("micro_main", seed=0)}
 
 
 def test_extended_presets_reuse_micro_main_and_micro_tune_runs():
@@ -229,7 +250,7 @@ def test_default_points_are_the_plain_method_runs():
 
 def test_every_point_is_used_by_a_preset():
     used = {job_point for preset in ("micro_main", "paper_main", "micro_defaults", "micro_tune", "paper_tune",
-                                     "micro_tune_extended", "micro_extended")
+                                     "micro_tune_extended", "micro_extended", "micro_main_1pt")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
 
