@@ -237,19 +237,39 @@ EXTENDED_DEV_SHA = "53c5f98"
 FIVE = ("milora", "pissa", "dora", "loranull", "fullft")
 
 
-def test_extended_dev_records_choose_the_committed_points(tmp_path):
+def _dev_records_choosing(folder: Path, sha: str, n_points: int, prefix: str, tmp_path: Path) -> tuple[list[dict], int]:
+    """(dev records, number of committed point files) of a committed `dev_records` folder, after checking that every
+    record is complete, on dev, one-thread and clean at `sha`, and that `analysis tune` over them writes
+    conf/point/<prefix>_* exactly as committed."""
     from analysis.tune import tune
 
-    dev = [json.loads(p.read_text()) for p in sorted((REPO / EXTENDED / "dev_records").rglob("record.json"))]
-    assert Counter(r["method"] for r in dev) == {"base": 1, "lora": 1, **{m: 4 for m in FIVE}}
+    dev = [json.loads(p.read_text()) for p in sorted((REPO / folder / "dev_records").rglob("record.json"))]
     for r in dev:
-        assert r["provenance"]["git_sha"].startswith(EXTENDED_DEV_SHA) and not r["provenance"]["git_dirty"], r["run_id"]
+        assert r["provenance"]["git_sha"].startswith(sha) and not r["provenance"]["git_dirty"], r["run_id"]
         assert r["split"] == "dev" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
-    _, written, _, _ = tune([str(REPO / EXTENDED / "dev_records")], REFERENCE, 2, out=tmp_path, prefix="micro_extended")
-    committed = sorted((REPO / "conf/point").glob("micro_extended_*.yaml"))
-    assert sorted(p.name for p in written) == [p.name for p in committed] and len(committed) == 11
+    _, written, _, _ = tune([str(REPO / folder / "dev_records")], REFERENCE, n_points, out=tmp_path, prefix=prefix)
+    committed = sorted((REPO / "conf/point").glob(f"{prefix}_*.yaml"))
+    assert sorted(p.name for p in written) == [p.name for p in committed]
     for p in committed:
         assert (tmp_path / p.name).read_text() == p.read_text(), p.name
+    return dev, len(committed)
+
+
+def _assert_seed_0_trainings_are_the_dev_runs(trained: list[dict], folder: Path, sha: str) -> None:
+    """Each trained seed-0 run evaluated the dev run that chose its point (committed in `dev_records`), made
+    with one thread and clean at `sha`, instead of training again."""
+    dev = {json.loads(p.read_text())["run_id"] for p in (REPO / folder / "dev_records").rglob("record.json")}
+    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
+    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0 and r["method"] != "base")
+    for run_id, donor in reused.items():
+        assert donor["run_id"] in dev and donor["split"] == "dev" and donor["threads"] == 1, run_id
+        assert donor["git_sha"].startswith(sha) and not donor["git_dirty"], run_id
+
+
+def test_extended_dev_records_choose_the_committed_points(tmp_path):
+    dev, committed = _dev_records_choosing(EXTENDED, EXTENDED_DEV_SHA, 2, "micro_extended", tmp_path)
+    assert Counter(r["method"] for r in dev) == {"base": 1, "lora": 1, **{m: 4 for m in FIVE}}
+    assert committed == 11
 
 
 EXTENDED_TEST_SHA = "4b152df"  # the commit micro_extended ran at on the test split (a clean clone)
@@ -281,13 +301,7 @@ def test_extended_records_are_micro_extended_s_five_at_the_committed_points():
             assert sorted(r["seed"] for r in runs) == [0, 1, 2], p.name
             chosen.update(r["run_id"] for r in runs)
     assert sorted(chosen) == sorted(r["run_id"] for r in trained) and set(chosen.values()) == {1}
-    # The seed-0 trainings are the dev runs that chose the points (committed in dev_records), not trained again.
-    dev = {json.loads(p.read_text())["run_id"] for p in (REPO / EXTENDED / "dev_records").rglob("record.json")}
-    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
-    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0)
-    for run_id, donor in reused.items():
-        assert donor["run_id"] in dev and donor["split"] == "dev" and donor["threads"] == 1, run_id
-        assert donor["git_sha"].startswith(EXTENDED_DEV_SHA) and not donor["git_dirty"], run_id
+    _assert_seed_0_trainings_are_the_dev_runs(trained, EXTENDED, EXTENDED_DEV_SHA)
 
 
 def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were():
@@ -304,18 +318,9 @@ def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were(
 
 
 def test_one_point_dev_records_choose_the_committed_points(tmp_path):
-    from analysis.tune import tune
-
-    dev = [json.loads(p.read_text()) for p in sorted((REPO / ONE_POINT / "dev_records").rglob("record.json"))]
+    dev, committed = _dev_records_choosing(ONE_POINT, ONE_POINT_SHA, 1, "micro_1pt", tmp_path)
     assert Counter(r["method"] for r in dev) == {"base": 1, **{m: 2 for m in PAPER_METHODS}}
-    for r in dev:
-        assert r["provenance"]["git_sha"] == ONE_POINT_SHA and not r["provenance"]["git_dirty"], r["run_id"]
-        assert r["split"] == "dev" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
-    _, written, _, _ = tune([str(REPO / ONE_POINT / "dev_records")], REFERENCE, 1, out=tmp_path, prefix="micro_1pt")
-    committed = sorted((REPO / "conf/point").glob("micro_1pt_*.yaml"))
-    assert sorted(p.name for p in written) == [p.name for p in committed] and len(committed) == 8
-    for p in committed:
-        assert (tmp_path / p.name).read_text() == p.read_text(), p.name
+    assert committed == 8
 
 
 def test_one_point_records_are_micro_main_1pt_at_the_committed_points():
@@ -329,15 +334,9 @@ def test_one_point_records_are_micro_main_1pt_at_the_committed_points():
         assert r["provenance"]["git_sha"] == ONE_POINT_SHA and not r["provenance"]["git_dirty"], r["run_id"]
         assert r["split"] == "test" and r["status"] == "complete" and r["backbone"] == "micro", r["run_id"]
     assert {r["cost"]["threads"] for r in trained} == {1}
-    # The cut keeps micro_main's runs: every record is one of micro_main's (same run id and scale), at its first
-    # (high or reference) point per method.
+    # The cut keeps micro_main's runs: every record is one of micro_main's (same run id and scale); which of its
+    # points they are, tests/experiments/test_presets.py checks on the presets.
     main = {p.relative_to(REPO / RESULTS / "records") for p in (REPO / RESULTS / "records").rglob("record.json")}
     mine = {p.relative_to(REPO / ONE_POINT / "records") for p in (REPO / ONE_POINT / "records").rglob("record.json")}
     assert mine <= main and len(mine) == 3 + 24 * (1 + len(SCALES))
-    # The seed-0 trainings are the dev runs that chose the points (committed in dev_records), not trained again.
-    dev = {json.loads(p.read_text())["run_id"] for p in (REPO / ONE_POINT / "dev_records").rglob("record.json")}
-    reused = {r["run_id"]: r["train"]["reused_from"] for r in trained if (r.get("train") or {}).get("reused_from")}
-    assert sorted(reused) == sorted(r["run_id"] for r in trained if r["seed"] == 0 and r["method"] != "base")
-    for run_id, donor in reused.items():
-        assert donor["run_id"] in dev and donor["split"] == "dev" and donor["threads"] == 1, run_id
-        assert donor["git_sha"] == ONE_POINT_SHA and not donor["git_dirty"], run_id
+    _assert_seed_0_trainings_are_the_dev_runs(trained, ONE_POINT, ONE_POINT_SHA)
