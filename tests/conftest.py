@@ -170,6 +170,24 @@ def run_cli(args: list[str], timeout: float = 300, env: Optional[dict] = None, *
                           timeout=timeout, **popen)
 
 
+def sweep_jobs(overrides: list[str], config_dir: Path = REPO / "conf") -> list[list[str]]:
+    """The per-job override lists of `python run.py -m OVERRIDES`, as Hydra's basic sweeper makes them: the config
+    is loaded in multirun mode (sweep values allowed), the `hydra.sweeper.params` it sets (a preset's) go before the
+    command line's, and the product is split into jobs (`glob(...)` lists the group's options)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(config_dir)))
+    cfg = loader.load_configuration("config", list(overrides), RunMode.MULTIRUN)
+    params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *overrides])
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
 # -- the tiny backbone and benchmark composed into a real run config, with a real reference cache of the tiny
 # -- base (built once per session, float32 log-probs): what the method tests (baselines, ATLAS) prepare on.
 @dataclass

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from experiments import registry
 from experiments.config import validate_config
 from experiments.job import run_id_for
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, sweep_jobs
 
 CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -35,22 +35,8 @@ EXTENDED = tuple(registry.trained_methods("extended"))
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
-    """The per-job override lists of `python run.py -m +experiment=PRESET EXTRA...`.
-
-    Mirrors Hydra's basic sweeper: the preset's `hydra.sweeper.params` and the command line are parsed
-    with a config loader (so `glob(...)` lists the group's options) and split into a cartesian product.
-    """
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        hydra_cfg = compose("config", overrides=[f"+experiment={preset}", *extra], return_hydra_config=True)
-    params = [f"{k}={v}" for k, v in hydra_cfg.hydra.sweeper.params.items()]
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF)))
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides([f"+experiment={preset}", *extra, *params])
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    """The per-job override lists of `python run.py -m +experiment=PRESET EXTRA...` (Hydra's basic sweeper)."""
+    return sweep_jobs([f"+experiment={preset}", *extra])
 
 
 _CONFIGS: dict[tuple[str, ...], Any] = {}
