@@ -170,7 +170,7 @@ def run_cli(args: list[str], timeout: float = 300, env: Optional[dict] = None, *
                           timeout=timeout, **popen)
 
 
-def sweep_jobs(overrides: list[str], config_dir: Path = REPO / "conf") -> list[list[str]]:
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The per-job override lists of `python run.py -m OVERRIDES`, as Hydra's basic sweeper makes them: the config
     is loaded in multirun mode (sweep values allowed), the `hydra.sweeper.params` it sets (a preset's) go before the
     command line's, and the product is split into jobs (`glob(...)` lists the group's options)."""
@@ -181,7 +181,7 @@ def sweep_jobs(overrides: list[str], config_dir: Path = REPO / "conf") -> list[l
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(config_dir)))
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(REPO / "conf")))
     cfg = loader.load_configuration("config", list(overrides), RunMode.MULTIRUN)
     params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *overrides])
