@@ -142,7 +142,7 @@ def _basis_filters(x: torch.Tensor, assign: torch.Tensor, k: int, energy: float,
     return basis, _stack(coords, basis.shape[1], x), ranks
 
 
-def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float, signal: str = "distance") -> torch.Tensor:
+def _gate_log_q(site: "SiteAtlas", x: torch.Tensor, quantile: float, signal: str) -> torch.Tensor:
     values = site.gate_signal(x, signal)
     return torch.quantile(values.clamp_min(EPS).double(), quantile).log().float()
 
@@ -190,22 +190,24 @@ def calibrate_gate(site: "SiteAtlas", retained: torch.Tensor, target: Optional[t
 
 def build_site_atlas(
     x: torch.Tensor,
+    *,
     num_centers: int,
     filter_energy: float,
     filter_rank: int,
     gate_quantile: float,
     seed: int,
-    dtype: Optional[torch.dtype] = None,
-    gate_signal: str = "distance",
-    gate_fit: str = "quantile",
+    gate_signal: str,
+    gate_fit: str,
+    filter_basis: Optional[int],
+    filter_members: str,
     target: Optional[torch.Tensor] = None,
-    filter_basis: Optional[int] = None,
-    filter_members: str = "kmeans",
+    dtype: Optional[torch.dtype] = None,
 ) -> SiteAtlas:
     """The atlas of one site from its (n, d) retained calibration inputs (k-means++, radii, filters, each in the
-    full input space or, with `filter_basis` P, inside the site's shared top-P basis, fitted on the members
-    `filter_members` names) and its gate calibrated by `gate_fit` (`target`: (m, d) target calibration inputs,
-    for the logistic fit)."""
+    full input space when `filter_basis` is None or inside the site's shared top-P basis for `filter_basis` P,
+    fitted on the members `filter_members` names) and its gate calibrated by `gate_fit` on `gate_signal`
+    (`target`: (m, d) target calibration inputs, needed by the logistic fit). The hyperparameters are ATLAS's
+    (`conf/method/atlas.yaml`, meanings in `atlas.method.ATLASParams`); `dtype` casts the result (None: float32)."""
     if filter_members not in FILTER_MEMBERS:
         raise ValueError(f"filter_members {filter_members!r}: one of {list(FILTER_MEMBERS)}")
     x = x.float()
@@ -224,9 +226,8 @@ def build_site_atlas(
     return cast(site, dtype) if dtype is not None else site
 
 
-def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, gate_quantile: float, seed: int,
-                      gate_signal: str = "distance", gate_fit: str = "quantile",
-                      target: Optional[torch.Tensor] = None) -> SiteAtlas:
+def random_site_atlas(reference: SiteAtlas, x: torch.Tensor, *, gate_quantile: float, seed: int, gate_signal: str,
+                      gate_fit: str, target: Optional[torch.Tensor] = None) -> SiteAtlas:
     """Control: random centers (matching the real centers' norms) and random orthonormal filters of the
     same ranks; radii and gate quantile calibrated on the same inputs, so only the geometry is random."""
     g = torch.Generator().manual_seed(seed)

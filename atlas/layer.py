@@ -61,9 +61,8 @@ class AtlasSite(nn.Module):
     gate/up read the same tensor).
     """
 
-    def __init__(self, site: SiteAtlas, assign: str = "hard", gate_temperature: float = 1.0,
-                 assign_temperature: float = 1.0, use_gate: bool = True, use_filter: bool = True,
-                 gate_signal: str = "distance", conditioning: float = 1.0) -> None:
+    def __init__(self, site: SiteAtlas, *, assign: str, gate_temperature: float, assign_temperature: float,
+                 use_gate: bool, use_filter: bool, gate_signal: str, conditioning: float) -> None:
         super().__init__()
         self.register_buffer("centers", site.centers.clone())
         self.register_buffer("inv_sigma2", 1.0 / site.sigma2.float().clamp_min(EPS))

@@ -158,11 +158,11 @@ class ATLAS(Method):
         for i, site in enumerate(progress_bar(sites, desc="build atlas", disable=not ctx.progress)):
             x = inputs[site.name].to(ctx.device)
             t = targets[site.name].to(ctx.device) if targets else None
-            gate = dict(gate_signal=p.gate_signal, gate_fit=p.gate_fit, target=t)
-            real = build_site_atlas(x, p.num_centers, p.filter_energy, p.filter_rank, p.gate_quantile,
-                                    seed * 1009 + i, dtype, filter_basis=p.filter_basis,
-                                    filter_members=p.filter_members, **gate)
-            atlas[site.name] = random_site_atlas(real, x, p.gate_quantile, seed * 1009 + i + 7919, **gate) \
+            gate = dict(gate_quantile=p.gate_quantile, gate_signal=p.gate_signal, gate_fit=p.gate_fit, target=t)
+            real = build_site_atlas(x, num_centers=p.num_centers, filter_energy=p.filter_energy,
+                                    filter_rank=p.filter_rank, seed=seed * 1009 + i, filter_basis=p.filter_basis,
+                                    filter_members=p.filter_members, dtype=dtype, **gate)
+            atlas[site.name] = random_site_atlas(real, x, seed=seed * 1009 + i + 7919, **gate) \
                 if p.source == "random" else real
         return atlas
 
@@ -193,8 +193,10 @@ class ATLAS(Method):
         modules = dict(model.named_modules())
         p = self.params
         for site in self.sites:
-            shared = AtlasSite(self.atlas[site.name], p.assign, p.gate_temperature, p.assign_temperature,
-                               p.use_gate, p.use_filter, p.gate_signal, p.conditioning).to(next(model.parameters()).device)
+            shared = AtlasSite(self.atlas[site.name], assign=p.assign, gate_temperature=p.gate_temperature,
+                               assign_temperature=p.assign_temperature, use_gate=p.use_gate, use_filter=p.use_filter,
+                               gate_signal=p.gate_signal, conditioning=p.conditioning)
+            shared.to(next(model.parameters()).device)
             for name in site.modules:
                 parent_name, leaf = name.rsplit(".", 1)
                 parent = modules[parent_name]

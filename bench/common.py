@@ -281,9 +281,9 @@ def run_context(bb: Backbone, run_dir: Path, seed: int, reference: Any = None):
 
 def add_lora(model: torch.nn.Module, bb: Backbone, seed: int, **overrides):
     """`baselines.lora.LoRA` (peft) on `model` in place, B drawn non-zero so the residual is not trivially 0."""
-    from experiments.registry import build
+    from experiments.methods import build_named
 
-    method = build("lora", target_modules=TARGETS, **overrides)
+    method = build_named("lora", target_modules=TARGETS, **overrides)
     model = method.prepare(model, run_context(bb, Path(tempfile.gettempdir()), seed))
     randomize_b(model, seed)
     return model, method
@@ -303,11 +303,11 @@ EARLIER_FILTERS = {"filter_basis": None, "filter_members": "kmeans"}
 
 def add_atlas(model: torch.nn.Module, bb: Backbone, st: Settings, **overrides):
     """`atlas.method.ATLAS` on `model` in place; the atlas is built once per settings and reused (loaded)."""
-    from experiments.registry import build
+    from experiments.methods import build_named
 
     if st.atlas_tokens:
         overrides["max_tokens"] = st.atlas_tokens
-    method = build("atlas", target_modules=TARGETS, **overrides)
+    method = build_named("atlas", target_modules=TARGETS, **overrides)
     hp = method.describe()
     reference = calibration_reference(bb, hp["max_tokens"], st.seed)
     t0 = time.perf_counter()

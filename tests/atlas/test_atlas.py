@@ -7,16 +7,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from atlas.atlas import build_site_atlas, fit_logistic_gate, load_atlas
+from atlas.atlas import fit_logistic_gate, load_atlas
 from atlas.kmeans import kmeans
-from atlas.layer import AtlasLinear, AtlasSite
+from atlas.layer import AtlasLinear
 from atlas.method import ATLAS
 from experiments.backbones import load_backbone
-from experiments.methods import RunContext
+from experiments.methods import RunContext, build_named
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.train import seed_everything
+from tests.atlas.atlas_helpers import layer_site, site_atlas
 from tests.conftest import backbone_config, tiny_code, tiny_math
-from experiments.registry import build
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -55,7 +55,7 @@ def context(backbone_dir, run_dir, tok, bb, seed=0, short=0):
 def prepared(backbone_dir, run_dir, seed=0, short=0, **hp):
     seed_everything(seed)
     model, tok, bb = tiny_model(backbone_dir)
-    method = build("atlas", num_centers=4, max_tokens=400, filter_rank=4, **hp)
+    method = build_named("atlas", num_centers=4, max_tokens=400, filter_rank=4, **hp)
     model = method.prepare(model, context(backbone_dir, run_dir, tok, bb, seed, short))
     return model, method, tok
 
@@ -110,7 +110,7 @@ def test_gate_and_filter_off_equals_peft_lora(tiny_backbone_dir, tmp_path, off):
 def unit_site(d=16, k=3, r=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.cat([torch.randn(200, d, generator=g) * 0.3 + 4 * torch.eye(d)[j] for j in range(k)])
-    return build_site_atlas(x, k, 0.9, r, 0.9, seed), x
+    return site_atlas(x, k, 0.9, r, 0.9, seed), x
 
 
 def test_conditioning_interpolates_gate_and_filter():
@@ -135,7 +135,7 @@ def test_conditioning_interpolates_gate_and_filter():
 def test_subspace_gate_opens_off_the_retained_directions():
     """gate_signal=subspace: the gate is larger for inputs whose energy lies outside their center's filter."""
     site, x = unit_site()
-    atlas_site = AtlasSite(build_site_atlas(x, 3, 0.9, 2, 0.9, 0, gate_signal="subspace"), gate_signal="subspace")
+    atlas_site = layer_site(site_atlas(x, 3, 0.9, 2, 0.9, 0, gate_signal="subspace"), gate_signal="subspace")
     inside = x[:20]
     outside = x[:20] + torch.randn(20, x.shape[1], generator=torch.Generator().manual_seed(3)) * 2.0
     g_in = atlas_site.condition(inside)[0].mean()
@@ -145,7 +145,7 @@ def test_subspace_gate_opens_off_the_retained_directions():
 
 def residual_layer(site, **kw):
     base = torch.nn.Linear(site.centers.shape[1], 8)
-    layer = AtlasLinear(base, AtlasSite(site, **kw), rank=4, alpha=8)
+    layer = AtlasLinear(base, layer_site(site, **kw), rank=4, alpha=8)
     with torch.no_grad():
         layer.lora_B.normal_()
     return layer
@@ -159,7 +159,7 @@ def test_center_gets_near_zero_residual_far_input_gets_open_gate():
     far = torch.full((2, centers.shape[1]), 50.0)
     gate, *_ = layer.site.condition(far)
     assert (gate > 0.99).all()
-    gate_c, *_ = AtlasSite(site).condition(centers)
+    gate_c, *_ = layer_site(site).condition(centers)
     assert (gate_c < 1e-3).all()
 
 
@@ -191,9 +191,9 @@ def test_kmeans_and_atlas_are_deterministic_per_seed():
     c1, a1 = kmeans(x, 3, seed=5)
     c2, a2 = kmeans(x, 3, seed=5)
     assert torch.equal(c1, c2) and torch.equal(a1, a2)
-    s1 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
-    s2 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
-    s3 = build_site_atlas(x, 5, 0.9, 3, 0.9, seed=2)
+    s1 = site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
+    s2 = site_atlas(x, 5, 0.9, 3, 0.9, seed=1)
+    s3 = site_atlas(x, 5, 0.9, 3, 0.9, seed=2)
     assert torch.equal(s1.centers, s2.centers) and torch.equal(s1.filters, s2.filters) and torch.equal(s1.log_q, s2.log_q)
     assert not torch.equal(s1.centers, s3.centers)
 
@@ -205,7 +205,7 @@ def test_filters_follow_energy_and_rank_cap():
         u = site.filters[j, :, :r]
         torch.testing.assert_close(u.T @ u, torch.eye(r), atol=1e-5, rtol=0)
         assert 1 <= r <= 8
-    capped = build_site_atlas(x, 3, 0.999, 2, 0.9, 0)
+    capped = site_atlas(x, 3, 0.999, 2, 0.9, 0)
     assert int(capped.ranks.max()) == 2
 
 
@@ -249,7 +249,7 @@ def test_balanced_calibration_takes_an_equal_share_of_tokens_per_domain(tiny_bac
     alone = [collect_inputs(model, [site], groups[k], pad_id=tok.pad_token_id, max_tokens=200, seed=5 + j,
                             progress=False)[site.name] for j, k in enumerate(groups)]
     assert got.shape[0] == 400 and torch.equal(got, torch.cat(alone))
-    unbalanced = build("atlas", num_centers=4, max_tokens=400, filter_rank=4, balance_domains=False)
+    unbalanced = build_named("atlas", num_centers=4, max_tokens=400, filter_rank=4, balance_domains=False)
     assert list(unbalanced.retained_groups(ctx)) == ["retained"]
 
 
@@ -336,7 +336,7 @@ def test_bf16_backbone_trains_float32_factors(tiny_backbone_dir, tmp_path):
     seed_everything(0)
     bb = backbone_config(tiny_backbone_dir, name="tiny", target_modules=TARGETS, dtype="bfloat16")
     model, tok = load_backbone(bb)
-    method = build("atlas", num_centers=4, max_tokens=400, filter_rank=4)
+    method = build_named("atlas", num_centers=4, max_tokens=400, filter_rank=4)
     model = method.prepare(model, context(tiny_backbone_dir, tmp_path, tok, bb))
     layers = [m for m in model.modules() if isinstance(m, AtlasLinear)]
     assert all(m.lora_A.dtype == torch.float32 and m.base.weight.dtype == torch.bfloat16 for m in layers)

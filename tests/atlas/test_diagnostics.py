@@ -13,7 +13,8 @@ import torch
 from atlas.atlas import SiteAtlas
 from atlas.diagnostics import auroc, site_report
 from atlas.inspect import main as inspect_main
-from atlas.layer import AtlasLinear, AtlasSite
+from atlas.layer import AtlasLinear
+from tests.atlas.atlas_helpers import layer_site
 
 
 def test_auroc_counts_pairs_with_ties_half():
@@ -35,7 +36,7 @@ def hand_site() -> SiteAtlas:
 
 
 def test_site_report_matches_a_hand_computation():
-    site = AtlasSite(hand_site())
+    site = layer_site(hand_site())
     linear = torch.nn.Linear(3, 2)
     module = AtlasLinear(linear, site, rank=1, alpha=1.0)
     retained = torch.tensor([[0.5, 0.0, 0.0], [10.0, 0.5, 0.0]])  # delta 0.25 each; first all along e1
@@ -62,7 +63,7 @@ def test_plain_nearest_differs_counts_retained_tokens_the_radii_give_to_another_
     against 36) but nearer 10 in normalised distance (16 against 36 / 16); one at 1 stays with 0 (1 against 81 / 16)."""
     atlas = hand_site()
     atlas.sigma2 = torch.tensor([1.0, 16.0])
-    site = AtlasSite(atlas)
+    site = layer_site(atlas)
     module = AtlasLinear(torch.nn.Linear(3, 2), site, rank=1, alpha=1.0)
     retained = torch.tensor([[4.0, 0.0, 0.0], [1.0, 0.0, 0.0], [9.0, 0.0, 0.0], [3.5, 0.1, 0.0]])
     target = torch.tensor([[0.0, 3.0, 0.0]])
@@ -138,7 +139,7 @@ def test_site_report_at_conditioning_zero_still_reads_the_filter():
     target = torch.tensor([[0.0, 3.0, 0.0], [10.0, 0.0, 4.0]])
     reports = {}
     for c in (1.0, 0.0):
-        site = AtlasSite(hand_site(), conditioning=c)
+        site = layer_site(hand_site(), conditioning=c)
         reports[c] = site_report(site, [AtlasLinear(torch.nn.Linear(3, 2), site, rank=1, alpha=1.0)], retained,
                                  target, filter_rank=1)
     for key in ("filter_pass_retained", "filter_pass_target", "auroc_filter", "auroc_delta"):
@@ -204,7 +205,7 @@ def test_one_pass_collects_every_token_selection_as_its_own_pass_would():
 
 def test_recompute_measures_a_finished_run_s_diagnostics_again_from_its_export(tiny_backbone_dir, tiny_benchmark_dir,
                                                                               tmp_path, capsys):
-    from experiments.records import RECORD_NAME
+    from suite_schema.layout import RECORD_NAME
     from tests.conftest import run_cli, tiny_overrides
 
     cache = tmp_path / "cache"

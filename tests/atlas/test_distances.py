@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atlas.atlas import SIGMA2_FLOOR, SiteAtlas, _radii, build_site_atlas
-from atlas.layer import AtlasSite
+from atlas.atlas import SIGMA2_FLOOR, SiteAtlas, _radii
+from tests.atlas.atlas_helpers import layer_site, site_atlas
 
 
 def far_tight_site() -> tuple[SiteAtlas, torch.Tensor, torch.Tensor]:
@@ -29,12 +29,12 @@ def test_distances_match_float64_for_degenerate_clusters_far_from_the_origin():
     centers64 = site.centers.double()  # the centers as stored (float32), so only the arithmetic differs
     x32 = points.float()
     exact = (x32.double()[:, None, :] - centers64[None]).square().sum(2) / site.sigma2.double()
-    got = AtlasSite(site).distances(x32).double()
+    got = layer_site(site).distances(x32).double()
     torch.testing.assert_close(got, exact, rtol=1e-4, atol=0.0)
     assert torch.equal(got.argmin(1), exact.argmin(1))
     assert torch.equal(site.delta(x32).double().argmin(1), exact.argmin(1))
     # the layer's nearest center (the float64 expansion of `atlas.kmeans.nearest_centers`), for every point
-    assert torch.equal(AtlasSite(site).nearest(x32), exact.argmin(1))
+    assert torch.equal(layer_site(site).nearest(x32), exact.argmin(1))
 
 
 def test_nearest_center_matches_float64_differences_on_activation_like_data():
@@ -50,7 +50,7 @@ def test_nearest_center_matches_float64_differences_on_activation_like_data():
                      torch.tensor(0.0))
     x32 = points.float()
     exact = ((x32.double()[:, None, :] - site.centers.double()[None]).square().sum(2) / site.sigma2.double())
-    assert torch.equal(AtlasSite(site).nearest(x32), exact.argmin(1))
+    assert torch.equal(layer_site(site).nearest(x32), exact.argmin(1))
     # the expansion the layer used before: off by orders of magnitude on the tight clusters
     xf, cf = x32, site.centers
     expansion = (xf.square().sum(1, keepdim=True) - 2 * xf @ cf.T + cf.square().sum(1)).clamp_min(0) / site.sigma2
@@ -65,5 +65,5 @@ def test_no_radius_below_the_floor():
     spread = (x - centers[assign]).square().sum(1).mean()
     assert float(sigma2[0]) == pytest.approx(SIGMA2_FLOOR * float(spread), rel=1e-6)
     assert float(sigma2[1]) == pytest.approx(float((x[20:] - centers[1]).square().sum(1).mean()), rel=1e-6)
-    site = build_site_atlas(torch.cat([x, x + 1e-7]), 2, 0.9, 4, 0.9, seed=0)
+    site = site_atlas(torch.cat([x, x + 1e-7]), 2, 0.9, 4, 0.9, seed=0)
     assert float(site.sigma2.min()) > 0.0 and torch.isfinite(site.log_q)

@@ -5,12 +5,13 @@ what each computes, what is stored, and that the layer's two-product form equals
 import pytest
 import torch
 
-from atlas.atlas import EPS, SiteAtlas, build_site_atlas, cast, load_atlas, random_site_atlas, save_atlas
+from atlas.atlas import EPS, SiteAtlas, cast, load_atlas, save_atlas
 from atlas.footprint import footprint
 from atlas.kmeans import WeightedCenters, kmeans, nearest_centers
 from atlas.method import ATLAS
 from experiments.activations import second_moment_basis
-from experiments.registry import build
+from experiments.methods import build_named
+from tests.atlas.atlas_helpers import random_atlas, site_atlas
 from tests.atlas.test_atlas import TARGETS, batch, prepared, tiny_model
 from tests.atlas.test_layer_fast_path import assert_matches_equation, inputs, layer_for
 
@@ -30,12 +31,12 @@ def tight_and_wide(seed=0, d=12):
 
 def test_assigned_members_fit_each_filter_on_the_tokens_the_layer_assigns_to_its_center():
     x = tight_and_wide()
-    site = build_site_atlas(x, 2, 0.8, 4, 0.9, seed=0, filter_members="assigned")
+    site = site_atlas(x, 2, 0.8, 4, 0.9, seed=0, filter_members="assigned")
     centers, assign = kmeans(x, 2, 0)
     assert torch.equal(site.centers, centers)
     layer_rule = nearest_centers(x, WeightedCenters(site.centers, 1.0 / site.sigma2.clamp_min(EPS)))
     assert (layer_rule != assign).sum() > 10, "the data should make the two memberships differ"
-    kmeans_site = build_site_atlas(x, 2, 0.8, 4, 0.9, seed=0)
+    kmeans_site = site_atlas(x, 2, 0.8, 4, 0.9, seed=0)
     differs = False
     for j in range(2):
         r, rk = int(site.ranks[j]), int(kmeans_site.ranks[j])
@@ -50,13 +51,13 @@ def test_assigned_members_fit_each_filter_on_the_tokens_the_layer_assigns_to_its
 
 def test_an_unknown_filter_members_value_is_refused():
     with pytest.raises(ValueError, match="filter_members 'nearest'"):
-        build_site_atlas(tight_and_wide(), 2, 0.8, 4, 0.9, seed=0, filter_members="nearest")
+        site_atlas(tight_and_wide(), 2, 0.8, 4, 0.9, seed=0, filter_members="nearest")
 
 
 @pytest.mark.parametrize("members", ["kmeans", "assigned"])
 def test_shared_basis_filters_are_orthonormal_inside_the_basis_and_follow_energy_and_cap(members):
     x = tight_and_wide(seed=3, d=16)
-    site = build_site_atlas(x, 3, 0.7, 4, 0.9, seed=1, filter_basis=6, filter_members=members)
+    site = site_atlas(x, 3, 0.7, 4, 0.9, seed=1, filter_basis=6, filter_members=members)
     v, w = site.basis, site.coefs
     assert site.filter_basis == 6 and v.shape == (16, 6) and w.shape[:2] == (3, 6)
     torch.testing.assert_close(v.T @ v, torch.eye(6), atol=1e-5, rtol=0)
@@ -79,8 +80,8 @@ def test_shared_basis_filters_are_orthonormal_inside_the_basis_and_follow_energy
 
 def test_shared_basis_stores_the_basis_once_and_each_filter_as_p_coordinates(tmp_path):
     x = tight_and_wide(seed=4, d=16)
-    full = build_site_atlas(x, 3, 0.95, 4, 0.9, seed=2)
-    shared = build_site_atlas(x, 3, 0.95, 4, 0.9, seed=2, filter_basis=5)
+    full = site_atlas(x, 3, 0.95, 4, 0.9, seed=2)
+    shared = site_atlas(x, 3, 0.95, 4, 0.9, seed=2, filter_basis=5)
     per = 4
     assert full.nbytes() == per * (3 * 16 + 3 + 16 * int(full.ranks.sum()) + 2) + 4 * 3
     assert shared.nbytes() == per * (3 * 16 + 3 + 16 * 5 + 5 * int(shared.ranks.sum()) + 2) + 4 * 3
@@ -102,8 +103,8 @@ def test_shared_basis_stores_the_basis_once_and_each_filter_as_p_coordinates(tmp
 
 def test_a_random_control_of_a_shared_basis_atlas_keeps_its_form_and_ranks():
     x = tight_and_wide(seed=5, d=16)
-    real = build_site_atlas(x, 3, 0.8, 4, 0.9, seed=0, filter_basis=6, gate_signal="subspace")
-    rand = random_site_atlas(real, x, 0.9, seed=9, gate_signal="subspace")
+    real = site_atlas(x, 3, 0.8, 4, 0.9, seed=0, filter_basis=6, gate_signal="subspace")
+    rand = random_atlas(real, x, 0.9, seed=9, gate_signal="subspace")
     assert rand.filter_basis == 6 and torch.equal(rand.ranks, real.ranks)
     torch.testing.assert_close(rand.basis.T @ rand.basis, torch.eye(6), atol=1e-5, rtol=0)
     assert torch.equal(rand.filters, SiteAtlas.basis_filters(rand.basis, rand.coefs))
@@ -118,7 +119,7 @@ def test_the_layer_with_a_shared_basis_matches_the_equation(gate_signal, assign)
     g = torch.Generator().manual_seed(0)
     d = 24
     x = torch.cat([torch.randn(150, d, generator=g) * s + 5 * torch.eye(d)[j] for j, s in enumerate([0.2, 0.6, 1.2, 2.0])])
-    site = build_site_atlas(x, 4, 0.8, 3, 0.9, seed=0, gate_signal=gate_signal, filter_basis=7,
+    site = site_atlas(x, 4, 0.8, 3, 0.9, seed=0, gate_signal=gate_signal, filter_basis=7,
                             filter_members="assigned")
     layer = layer_for(site, assign=assign, gate_signal=gate_signal)
     assert layer.site.basis is not None and layer.site.coef_cols.shape == (7, 4 * site.filters.shape[2])
@@ -163,5 +164,5 @@ def test_footprint_counts_a_shared_basis_as_a_built_atlas_holds_it(tiny_backbone
                                                ("filter_members", "nearest", "one of ['kmeans', 'assigned']")])
 def test_bad_filter_options_are_refused_before_any_compute(key, value, allowed):
     with pytest.raises(ValueError) as err:
-        build("atlas", target_modules=TARGETS, **{key: value})
+        build_named("atlas", target_modules=TARGETS, **{key: value})
     assert key in str(err.value) and allowed in str(err.value)

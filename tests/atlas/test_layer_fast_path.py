@@ -6,8 +6,9 @@ with respect to the input and both factors; and the cached A U of the no-autogra
 import pytest
 import torch
 
-from atlas.atlas import EPS, build_site_atlas
+from atlas.atlas import EPS
 from atlas.layer import AtlasLinear, AtlasSite
+from tests.atlas.atlas_helpers import layer_site, site_atlas
 
 
 def clustered_site(d=24, k=4, cap=3, seed=0, gate_signal="distance"):
@@ -15,7 +16,7 @@ def clustered_site(d=24, k=4, cap=3, seed=0, gate_signal="distance"):
     g = torch.Generator().manual_seed(seed)
     spreads = [0.2, 0.6, 1.2, 2.0]
     x = torch.cat([torch.randn(150, d, generator=g) * spreads[j] + 5 * torch.eye(d)[j] for j in range(k)])
-    site = build_site_atlas(x, k, 0.8, cap, 0.9, seed, gate_signal=gate_signal)
+    site = site_atlas(x, k, 0.8, cap, 0.9, seed, gate_signal=gate_signal)
     return site, x
 
 
@@ -31,7 +32,7 @@ def inputs(site, x, seed=1):
 
 def layer_for(site, out=10, seed=2, **kw):
     torch.manual_seed(seed)
-    layer = AtlasLinear(torch.nn.Linear(site.centers.shape[1], out), AtlasSite(site, **kw), rank=4, alpha=8)
+    layer = AtlasLinear(torch.nn.Linear(site.centers.shape[1], out), layer_site(site, **kw), rank=4, alpha=8)
     with torch.no_grad():
         layer.lora_B.normal_()
     return layer
@@ -127,7 +128,7 @@ def test_a_fitted_gate_slope_matches_the_equation():
 
 def test_modules_sharing_a_site_match_the_equation():
     site, x = clustered_site(seed=4)
-    shared = AtlasSite(site, assign="soft", assign_temperature=0.5)
+    shared = layer_site(site, assign="soft", assign_temperature=0.5)
     torch.manual_seed(0)
     q = AtlasLinear(torch.nn.Linear(24, 12), shared, rank=4, alpha=8)
     k = AtlasLinear(torch.nn.Linear(24, 6), shared, rank=4, alpha=8)
@@ -222,7 +223,7 @@ def test_one_row_without_autograd_matches_the_equation_and_the_batched_forms(gat
         g = torch.Generator().manual_seed(3)
         x = torch.cat([torch.randn(150, 24, generator=g) * s + 5 * torch.eye(24)[j]
                        for j, s in enumerate([0.2, 0.6, 1.2, 2])])
-        site = build_site_atlas(x, 4, 0.8, 3, 0.9, 3, gate_signal=gate_signal, filter_basis=basis)
+        site = site_atlas(x, 4, 0.8, 3, 0.9, 3, gate_signal=gate_signal, filter_basis=basis)
         assert site.basis is not None
     layer = layer_for(site, use_gate=use_gate, use_filter=use_filter, gate_signal=gate_signal, conditioning=lam)
     pts = inputs(site, x).reshape(-1, 24)

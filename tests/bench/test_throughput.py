@@ -8,6 +8,7 @@ import torch
 
 from bench import throughput
 from bench.common import interval_verdict
+from tests.atlas.atlas_helpers import layer_site, site_atlas
 
 
 def test_shares_of_plain_full_fine_tuning_and_the_frozen_floor(tmp_path, monkeypatch):
@@ -42,8 +43,8 @@ def test_shares_of_plain_full_fine_tuning_and_the_frozen_floor(tmp_path, monkeyp
 
 
 def test_plain_reference_trains_a_private_copy(tmp_path):
-    from experiments.backbones import load_backbone
     from bench.common import micro_backbone_config
+    from experiments.backbones import load_backbone
 
     model, _ = load_backbone(micro_backbone_config())
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -79,13 +80,12 @@ def test_atlas_parts_are_timed_through_the_loop(tmp_path, monkeypatch):
 
 
 def test_detached_conditioning_has_the_same_forward_and_no_gradient_through_the_conditioning():
-    from atlas.atlas import build_site_atlas
-    from atlas.layer import AtlasLinear, AtlasSite
+    from atlas.layer import AtlasLinear
 
     g = torch.Generator().manual_seed(0)
-    site = build_site_atlas(torch.randn(300, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0, gate_signal="subspace")
+    site = site_atlas(torch.randn(300, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0, gate_signal="subspace")
     torch.manual_seed(1)
-    layer = AtlasLinear(torch.nn.Linear(12, 5), AtlasSite(site, gate_signal="subspace"), rank=2, alpha=4)
+    layer = AtlasLinear(torch.nn.Linear(12, 5), layer_site(site, gate_signal="subspace"), rank=2, alpha=4)
     torch.nn.init.normal_(layer.lora_B)
     x = (torch.randn(7, 12, generator=g) * 2 + 3).requires_grad_(True)
     full = layer(x)
@@ -112,17 +112,16 @@ def test_detached_conditioning_has_the_same_forward_and_no_gradient_through_the_
 
 
 def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
-    from atlas.atlas import build_site_atlas
-    from atlas.layer import AtlasLinear, AtlasSite
+    from atlas.layer import AtlasLinear
 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         g = torch.Generator().manual_seed(0)
-        site_atlas = build_site_atlas(torch.randn(400, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0,
+        built = site_atlas(torch.randn(400, 12, generator=g) * 2 + 3, 4, 0.8, 3, 0.9, 0,
                                       gate_signal="subspace", filter_basis=6)
         torch.manual_seed(1)
-        site = AtlasSite(site_atlas, gate_signal="subspace")
+        site = layer_site(built, gate_signal="subspace")
         site.basis, site.coef_cols = site.basis.double(), site.coef_cols.double()
         site.filter_cols = site.basis @ site.coef_cols  # U = V W exactly, as the per-site form computes it
         layers = [AtlasLinear(torch.nn.Linear(12, w), site, rank=2, alpha=4) for w in (5, 7)]  # two modules, one site
@@ -153,20 +152,19 @@ def test_site_input_form_equals_the_layer_in_outputs_and_gradients():
 
 
 def test_site_input_form_refuses_settings_it_does_not_compute():
-    from atlas.atlas import build_site_atlas
     from atlas.layer import AtlasLinear, AtlasSite
 
-    site_atlas = build_site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace")  # no basis
-    layer = AtlasLinear(torch.nn.Linear(8, 4), AtlasSite(site_atlas, gate_signal="subspace"), rank=2, alpha=4)
+    built = site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace")  # no basis
+    layer = AtlasLinear(torch.nn.Linear(8, 4), layer_site(built, gate_signal="subspace"), rank=2, alpha=4)
     with pytest.raises(ValueError, match="default conditioning only"):
         throughput.site_input_form(torch.nn.Sequential(layer))
-    with_basis = build_site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace", filter_basis=4)
+    with_basis = site_atlas(torch.randn(200, 8) + 2, 3, 0.8, 2, 0.9, 0, gate_signal="subspace", filter_basis=4)
     for setting in ({"gate_temperature": 2.0}, {"conditioning": 0.5}, {"assign": "soft"}):
-        site = AtlasSite(with_basis, gate_signal="subspace", **setting)
+        site = layer_site(with_basis, gate_signal="subspace", **setting)
         layer = AtlasLinear(torch.nn.Linear(8, 4), site, rank=2, alpha=4)
         with pytest.raises(ValueError, match="default conditioning only"):
             throughput.site_input_form(torch.nn.Sequential(layer))
-    good = AtlasLinear(torch.nn.Linear(8, 4), AtlasSite(with_basis, gate_signal="subspace"), rank=2, alpha=4)
+    good = AtlasLinear(torch.nn.Linear(8, 4), layer_site(with_basis, gate_signal="subspace"), rank=2, alpha=4)
     with pytest.raises(ValueError, match="default conditioning only"):
         throughput.site_input_form(torch.nn.Sequential(good, layer))
     assert type(good) is AtlasLinear and type(good.site) is AtlasSite  # a refused model is left as it was
