@@ -18,21 +18,22 @@ from typing import Any, Iterable, Optional, Sequence
 import pandas as pd
 
 from analysis import schema
+from suite_schema import layout
 
 # W&B run states -> record status.
 WANDB_STATES = {
-    "finished": schema.STATUS_COMPLETE,
-    "running": schema.STATUS_RUNNING,
-    "pending": schema.STATUS_RUNNING,
-    "preempting": schema.STATUS_INTERRUPTED,
-    "preempted": schema.STATUS_INTERRUPTED,
-    "crashed": schema.STATUS_FAILED,
-    "failed": schema.STATUS_FAILED,
-    "killed": schema.STATUS_FAILED,
+    "finished": layout.STATUS_COMPLETE,
+    "running": layout.STATUS_RUNNING,
+    "pending": layout.STATUS_RUNNING,
+    "preempting": layout.STATUS_INTERRUPTED,
+    "preempted": layout.STATUS_INTERRUPTED,
+    "crashed": layout.STATUS_FAILED,
+    "failed": layout.STATUS_FAILED,
+    "killed": layout.STATUS_FAILED,
 }
 
 
-RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", schema.SUPERSEDED_DIR, "__pycache__")
+RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", layout.SUPERSEDED_DIR, "__pycache__")
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -96,12 +97,12 @@ def find_records(dirs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Pa
         for cur, subdirs, files in os.walk(root):
             subdirs.sort()
             here = Path(cur)
-            if schema.RECORD_NAME in files:
-                records.add(here / schema.RECORD_NAME)
+            if layout.RECORD_NAME in files:
+                records.add(here / layout.RECORD_NAME)
             elif ".hydra" in subdirs or "run.log" in files:
                 bare.add(here)
             # Nothing analysis needs lives in a run's own subfolders (checkpoints, exports, W&B files).
-            is_run = schema.RECORD_NAME in files or ".hydra" in subdirs or "run.log" in files
+            is_run = layout.RECORD_NAME in files or ".hydra" in subdirs or "run.log" in files
             skip = RUN_SUBDIRS if is_run else (".hydra", "__pycache__")
             subdirs[:] = [s for s in subdirs if s not in skip]
     return sorted(records, key=str), sorted(bare, key=str)
@@ -117,7 +118,7 @@ def _read(path: Path) -> _Entry:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         return _Entry(source, True, None, f"unparseable JSON: {exc.msg} at line {exc.lineno} column {exc.colno}")
-    return _Entry(source, True, record, schema.validate(record))
+    return _Entry(source, True, record, layout.validate(record))
 
 
 def _unwrap_config(config: Any) -> dict:
@@ -193,7 +194,7 @@ def record_from_wandb(run: Any) -> dict:
     }
     if "scale" in summary:
         record["scale"] = summary["scale"]
-    if status == schema.STATUS_FAILED:
+    if status == layout.STATUS_FAILED:
         record["error"] = {"type": "wandb", "message": f"W&B run state {state!r} (the error message is in the run's logs)"}
     return record
 
@@ -214,7 +215,7 @@ def _read_wandb(paths: Sequence[str], api: Any) -> list[_Entry]:
             except Exception as exc:  # a W&B run in an unexpected shape is listed, never fatal
                 out.append(_Entry(source, False, None, f"cannot read W&B run: {_one_line(exc)}"))
                 continue
-            out.append(_Entry(source, False, record, schema.validate(record)))
+            out.append(_Entry(source, False, record, layout.validate(record)))
     return sorted(out, key=lambda e: e.source)
 
 
@@ -222,18 +223,18 @@ def _skip_of(entry: _Entry, kind: str, reason: str) -> Skipped:
     rec = entry.record if isinstance(entry.record, dict) else {}
     run_id = rec.get("run_id") if isinstance(rec.get("run_id"), str) else None
     method = rec.get("method") if isinstance(rec.get("method"), str) else None
-    seed = rec.get("seed") if schema._is_int(rec.get("seed")) else None
+    seed = rec.get("seed") if layout.is_int(rec.get("seed")) else None
     return Skipped(entry.source, kind, reason, run_id, method, seed)
 
 
 def _reason_not_complete(record: dict) -> tuple[str, str]:
     status = record["status"]
-    if status == schema.STATUS_FAILED:
+    if status == layout.STATUS_FAILED:
         err = record.get("error") if isinstance(record.get("error"), dict) else {}
         etype = err.get("type") or "error"
         message = err.get("message")
         return status, _one_line(f"{etype}: {message}" if message else f"{etype} (no error message recorded)")
-    if status == schema.STATUS_INTERRUPTED:
+    if status == layout.STATUS_INTERRUPTED:
         info = record.get("interrupted") if isinstance(record.get("interrupted"), dict) else {}
         step = info.get("step")
         why = info.get("reason")
@@ -250,7 +251,7 @@ DISAGREEING = "duplicate, disagrees"
 def _disagreement(used: dict, other: dict) -> Optional[str]:
     """How a complete duplicate's metrics differ from the used record's, or None when they agree (or either is
     not complete)."""
-    if used.get("status") != schema.STATUS_COMPLETE or other.get("status") != schema.STATUS_COMPLETE:
+    if used.get("status") != layout.STATUS_COMPLETE or other.get("status") != layout.STATUS_COMPLETE:
         return None
     a, b = used.get("metrics"), other.get("metrics")
     if a == b:
@@ -303,7 +304,7 @@ def collect(
         group = sorted(by_id[run_id], key=lambda e: e.source)
         group.sort(key=_end_time, reverse=True)
         group.sort(key=lambda e: not e.local)
-        group.sort(key=lambda e: e.record["status"] != schema.STATUS_COMPLETE)
+        group.sort(key=lambda e: e.record["status"] != layout.STATUS_COMPLETE)
         keep, rest = group[0], group[1:]
         for other in rest:
             what = f"{other.record['status']} record" if other.record["status"] != keep.record["status"] else "record"
@@ -311,7 +312,7 @@ def collect(
             differs = _disagreement(keep.record, other.record)
             skipped.append(_skip_of(other, DISAGREEING if differs else "duplicate",
                                     f"{reason}; {differs}" if differs else reason))
-        if keep.record["status"] == schema.STATUS_COMPLETE:
+        if keep.record["status"] == layout.STATUS_COMPLETE:
             rows.append(schema.to_row(keep.record, keep.source))
         else:
             kind, reason = _reason_not_complete(keep.record)

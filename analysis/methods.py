@@ -1,44 +1,30 @@
 """Method names, their order in tables, and one fixed colour and marker per method for every figure.
 
-Known methods are the method registry, `conf/method/*.yaml`: each file's `display` block gives its
-label, group (reference, baseline, extended, ablation, base), order within the group, colour and
-marker (read as YAML files; analysis imports nothing from the runtime). Any other name gets a style
-derived from a SHA-256 of the name, so an unknown method looks the same in every figure, every run
-and on every machine.
+Known methods are the method registry (`suite_schema.registry`: `conf/method/*.yaml`); each method file's `display`
+block gives its label, group (reference, baseline, extended, ablation, base), order within the group, colour and
+marker. A registered method without a display block, and any name the registry does not know, is labelled by its
+name and gets a style derived from a SHA-256 of the name, so it looks the same in every figure, every run and on
+every machine.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-METHOD_CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
-GROUPS = ("reference", "baseline", "extended", "ablation", "base")
+from suite_schema import registry
 
 
 @dataclass(frozen=True)
 class Style:
+    """How a method is drawn in every figure: a matplotlib colour and marker."""
+
     color: str
     marker: str
 
 
-def _registry() -> dict[str, dict]:
-    out = {}
-    for path in sorted(METHOD_CONF.glob("*.yaml")):
-        shown = (yaml.safe_load(path.read_text()) or {}).get("display")
-        if shown:
-            out[path.stem] = shown
-    return dict(sorted(out.items(), key=lambda kv: (GROUPS.index(kv[1]["group"]), kv[1]["order"], kv[0])))
-
-
-_DISPLAY = _registry()
-
-
-def _group(name: str) -> tuple[str, ...]:
-    return tuple(m for m, d in _DISPLAY.items() if d["group"] == name)
+_SPECS = registry.methods()
+_DISPLAY = {name: spec.display for name, spec in _SPECS.items() if spec.display is not None}
 
 
 def display(name: str) -> dict:
@@ -46,17 +32,12 @@ def display(name: str) -> dict:
     return dict(_DISPLAY[name])
 
 
-def group_members(*groups: str) -> list[str]:
-    """The registry's methods of `groups`, in table order."""
-    return [m for m, d in _DISPLAY.items() if d["group"] in groups]
-
-
-REFERENCE = _group("reference")[0]
-BASE = _group("base")[0]
-BASELINES = _group("baseline")
-EXTENDED = _group("extended")  # beyond the paper (docs/baselines.md)
-ABLATIONS = _group("ablation")
-KNOWN_ORDER = tuple(_DISPLAY)
+REFERENCE = registry.members("reference")[0]
+BASE = registry.members("base")[0]
+BASELINES = tuple(registry.members("baseline"))
+EXTENDED = tuple(registry.members("extended"))  # beyond the paper (docs/baselines.md)
+ABLATIONS = tuple(registry.members("ablation"))
+KNOWN_ORDER = tuple(_SPECS)
 LABELS = {m: d["label"] for m, d in _DISPLAY.items()}
 STYLES = {m: Style(d["color"], d["marker"]) for m, d in _DISPLAY.items()}
 # Styles for names not listed above, picked by a hash of the name (hues kept apart from the known ones).

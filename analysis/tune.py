@@ -33,16 +33,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import pandas as pd
-import yaml
 
 from analysis import matched as MT
 from analysis import methods as M
 from analysis import schema
 from analysis.collect import collect, thread_counts, threads_text
 from analysis.pareto import per_seed
+from suite_schema import registry
 
 TRAIN_PREFIX = f"{schema.KNOB_PREFIX}train."
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @dataclass(frozen=True)
@@ -241,20 +240,12 @@ def _plain(value, default=None):
 
 
 def _default(method: str, knob: str):
-    """The configured default of `knob`: `train.<key>` from conf/train/default.yaml, any other from
-    conf/method/<method>.yaml over the method files its `defaults` list names (read as YAML, as
-    `analysis.methods` does: analysis imports nothing from the runtime); None where there is none."""
-    group, name, key = ("train", "default", knob[len("train."):]) if knob.startswith("train.") else ("method", method, knob)
-    values: dict = {}
-    chain = [name]
-    while chain:
-        path = CONF / group / f"{chain.pop()}.yaml"
-        if not path.is_file():
-            break
-        raw = yaml.safe_load(path.read_text()) or {}
-        values = {**{k: v for k, v in raw.items() if k != "defaults"}, **values}
-        chain += [d for d in raw.get("defaults", []) if isinstance(d, str) and d != "_self_"]
-    return values.get(key)
+    """The configured default of `knob`: `train.<key>` from conf/train/default.yaml, any other from the method
+    registry's values of `method`; None where there is none."""
+    if knob.startswith("train."):
+        return registry.group_values("train", "default").get(knob[len("train."):])
+    spec = registry.methods().get(method)
+    return None if spec is None else spec.values.get(knob)
 
 
 def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None) -> str:

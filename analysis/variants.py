@@ -5,33 +5,26 @@ difference to the method at its defaults in every table (`python -m analysis rep
 Without it the report pools every record of a method into one front per seed, which is right for a trade-off knob
 (ATLAS `conditioning`, LoRA `train.steps`) and wrong for a design option whose settings should be compared. A
 record without the knob (made before the knob existed) counts as made at the value that computes what runs did
-then (`schema.LATER_KEYS`), not at today's default, so a changed default never renames old records. Defaults are
-read from `conf/method/<name>.yaml`, as `analysis.methods` reads the display blocks (analysis imports nothing
-from the runtime).
+then (`run_identity.LATER_KEYS`), not at today's default, so a changed default never renames old records. Defaults are
+the method registry's (`suite_schema.registry`).
 """
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from analysis import schema
-from analysis.methods import METHOD_CONF
+from suite_schema import registry, run_identity
 
 
-@lru_cache(maxsize=None)
 def method_defaults(method: str) -> dict:
-    """The knob values of `conf/method/<method>.yaml` (empty for a method without a config file)."""
-    path = METHOD_CONF / f"{method}.yaml"
-    if not path.is_file():
-        return {}
-    conf = yaml.safe_load(path.read_text()) or {}
-    return {k: v for k, v in conf.items() if k not in ("_target_", "name", "display")}
+    """The knob values of registered method `method` but its `name` (empty for a method the registry lacks)."""
+    spec = registry.methods().get(method)
+    return {} if spec is None else {k: v for k, v in spec.values.items() if k != "name"}
 
 
 def _value(v: Any) -> Optional[str]:
@@ -49,7 +42,7 @@ def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
     """`method` when every key in `keys` the method has is at its default, else `method[key=value,...]` naming the
     keys away from it, in the order given (a null value is named `null`).
 
-    A missing or null knob is null, except for a key in `schema.LATER_KEYS`, where it is the value runs computed
+    A missing or null knob is null, except for a key in `run_identity.LATER_KEYS`, where it is the value runs computed
     before the key existed."""
     defaults = method_defaults(method)
     parts = []
@@ -58,7 +51,7 @@ def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
             continue
         value = _value(row.get(schema.KNOB_PREFIX + key))
         if value is None:
-            value = _value(schema.LATER_KEYS.get(f"method.{key}"))
+            value = _value(run_identity.LATER_KEYS.get(f"method.{key}"))
         if value != _value(defaults[key]):
             parts.append(f"{key}={'null' if value is None else value}")
     return f"{method}[{','.join(parts)}]" if parts else method

@@ -41,7 +41,7 @@ from bench.common import (
     table,
     write_json,
 )
-from experiments.registry import method_config
+from suite_schema.registry import method_values
 
 SCRIPT = "storage"
 PAPER = ["qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"]
@@ -109,7 +109,7 @@ def measure_micro(settings_list, rank: int, seed: int) -> list[dict]:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     import argparse
 
-    defaults = method_config("atlas")
+    defaults = method_values("atlas")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))
     first = ":".join(str(defaults[k]) for k in ("num_centers", "filter_rank", "filter_basis") if defaults[k] is not None)

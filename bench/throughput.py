@@ -65,6 +65,7 @@ import torch
 from atlas.atlas import EPS
 from atlas.layer import AtlasLinear, AtlasSite
 from bench.common import REPO, command_line, environment, interval_verdict, median_interval, summary, table, write_json
+from suite_schema import run_identity
 
 SCRIPT = "throughput"
 DEFAULT_METHODS = ("fullft", "lora", "atlas", "olora", "replay", "ewc", "lwf", "corda", "inflora", "dora", "pissa",
@@ -118,14 +119,13 @@ class LoopVariant:
                  label: Optional[str] = None) -> None:
         from omegaconf import OmegaConf
 
-        from experiments import records
         from experiments.config import validate_config
         from experiments.data.benchmark import build_benchmark
         from experiments.job import Job, encode_target
         from experiments.methods import build_method
 
         typed = validate_config(compose(method_name, backbone, overrides))
-        run_id = records.run_id_of(OmegaConf.to_container(typed, resolve=True))
+        run_id = run_identity.run_id_of(OmegaConf.to_container(typed, resolve=True))
         method = build_method(typed.method)
         benchmark = build_benchmark(typed.benchmark)
         self.name, self.scratch, self.backbone_cfg = label or method_name, scratch, typed.backbone

@@ -9,12 +9,14 @@ from typing import Any
 
 import torch
 
+from experiments.validation import ConfigError, not_allowed
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class BackboneError(ValueError):
-    """A backbone cannot be loaded as configured."""
+class BackboneError(ConfigError):
+    """A backbone cannot be loaded as configured (`<key>=<value> is not allowed: ...`)."""
 
 
 def resolve_path(path: str) -> str:
@@ -27,7 +29,7 @@ def resolve_path(path: str) -> str:
     if p.exists():
         return str(p.resolve())
     if path.startswith(("/", "./", "../", "~")) or path.startswith("assets/"):
-        raise BackboneError(f"backbone.path={path!r}: local folder does not exist")
+        raise not_allowed("backbone.path", path, "an existing local folder or a hub id", BackboneError)
     return path
 
 
@@ -50,9 +52,8 @@ def check_target_modules(model: torch.nn.Module, target_modules: list[str], key:
     linear_names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     missing = [t for t in target_modules if t not in linear_names]
     if missing:
-        raise BackboneError(
-            f"{key}={list(target_modules)!r}: {missing} not found in the model; allowed: {sorted(linear_names)}"
-        )
+        raise not_allowed(key, list(target_modules), f"names of the model's Linear modules ({missing} not found; "
+                          f"allowed: {sorted(linear_names)})", BackboneError)
 
 
 def load_tokenizer(cfg: Any):
@@ -73,7 +74,7 @@ def load_model(cfg: Any, device: str | torch.device = "cpu") -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     if cfg.dtype not in DTYPES:
-        raise BackboneError(f"backbone.dtype={cfg.dtype!r} is not allowed: one of {sorted(DTYPES)}")
+        raise not_allowed("backbone.dtype", cfg.dtype, f"one of {sorted(DTYPES)}", BackboneError)
     kwargs = {"dtype": DTYPES[cfg.dtype], "revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -111,8 +112,9 @@ def require_available(bb: Any) -> None:
     if local.is_dir():
         missing = [f for f in ("config.json",) if not (local / f).is_file()]
         if missing or not any((local / f).is_file() for f in WEIGHT_FILES):
-            raise BackboneError(f"backbone.path={bb.path!r}: the folder {local} lacks "
-                                f"{'config.json' if missing else 'model weights (' + ', '.join(WEIGHT_FILES) + ')'}")
+            lacks = "config.json" if missing else f"model weights ({', '.join(WEIGHT_FILES)})"
+            raise not_allowed("backbone.path", bb.path, f"a folder holding config.json and model weights ({local} "
+                              f"lacks {lacks})", BackboneError)
         return
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.constants import HF_HUB_OFFLINE
@@ -125,14 +127,15 @@ def require_available(bb: Any) -> None:
     how = (f"download it first (`huggingface-cli download {path}` where the hub is reachable, then copy the hub "
            "cache here) or set backbone.path to a local folder holding it")
     if HF_HUB_OFFLINE:
-        raise BackboneError(f"backbone.path={path!r}: not in the local hub cache and HF_HUB_OFFLINE is set; {how}")
+        raise not_allowed("backbone.path", path, f"a backbone in the local hub cache while HF_HUB_OFFLINE is set; {how}",
+                          BackboneError)
     from huggingface_hub import HfApi
 
     try:
         HfApi().model_info(path, revision=bb.revision, timeout=HUB_CHECK_TIMEOUT_S)
     except Exception as exc:  # no network, unknown repo, gated repo without a token: all end the same way
-        raise BackboneError(f"backbone.path={path!r}: not in the local hub cache and the hub did not answer "
-                            f"({type(exc).__name__}); {how}") from None
+        raise not_allowed("backbone.path", path, f"a backbone in the local hub cache or on a hub that answers (it did "
+                          f"not: {type(exc).__name__}); {how}", BackboneError) from None
 
 
 def preflight_backbone(bb: Any) -> None:

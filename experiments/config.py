@@ -1,8 +1,8 @@
 """Structured schema of the run config and its validation (before any compute).
 
 Hydra composes YAML from `conf/`; `validate_config` merges it onto these dataclasses (types are
-checked by OmegaConf) and then checks ranges and cross-field rules. Every error is one line that
-names the key, the value and what is allowed.
+checked by OmegaConf) and then checks ranges and cross-field rules. Every error is one `ConfigError`
+line, `<key>=<value> is not allowed: <what is>` (`experiments.validation`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from experiments.evaluation.config import EvalConfig
+from experiments.methods import build_params, hyperparameters, method_class
+from experiments.rerun import resolve_commit
+from experiments.validation import MISSING_VALUE, not_allowed, require
+from suite_schema import registry
 
 DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -28,32 +32,9 @@ HOLDOUT_PARTS = ("dev", "rest")
 RETAINED_KINDS = ("math", "choice")
 
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def group_values(group: str, name: str) -> dict:
-    """The values of `conf/<group>/<name>.yaml` over those of the same-group files its `defaults` list names
-    (as Hydra composes them), outside a Hydra run: what tests, benchmarks and tools start from."""
-    path = CONF / group / f"{name}.yaml"
-    if not path.is_file():
-        options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-        raise ConfigError(f"{group}={name!r} is not allowed: one of {options}")
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    out: dict = {}
-    for parent in raw.pop("defaults", []):
-        if isinstance(parent, str) and parent != "_self_":
-            out.update(group_values(group, parent))
-    out.update(raw)
-    return out
-
-
 def train_config(name: str = "default", **overrides: Any) -> "TrainConfig":
-    """A `TrainConfig` with the values of conf/train/<name>.yaml and `overrides`."""
-    return TrainConfig(**{**group_values("train", name), **overrides})
-
-
-class ConfigError(ValueError):
-    """A config value is not allowed; the message names key, value and what is allowed."""
+    """A `TrainConfig` with the values of conf/train/<name>.yaml and `overrides` (not validated)."""
+    return TrainConfig(**{**registry.group_values("train", name), **overrides})
 
 
 @dataclass
@@ -203,13 +184,8 @@ class RunConfig:
     experiment: Any = None
 
 
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
 def _positive(key: str, value: Any) -> None:
-    if value is not None and value <= 0:
-        _fail(key, value, "must be > 0")
+    require(key, value, value is None or value > 0, "a number > 0")
 
 
 def structured(cfg: Any) -> DictConfig:
@@ -221,13 +197,28 @@ def structured(cfg: Any) -> DictConfig:
         typed = OmegaConf.merge(OmegaConf.structured(RunConfig), data)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
-        raise ConfigError(f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}".splitlines()[0]) from None
+        reason = str(getattr(exc, "msg", None) or exc).splitlines()[0]
+        if isinstance(exc, ConfigKeyError):
+            parent = key.rsplit(".", 1)[0] if "." in key else "the config"
+            reason = f"a key of {parent} ({reason})"
+        raise not_allowed(key, _value_at(data, key), reason) from None
     missing = sorted(OmegaConf.missing_keys(typed))
     if missing:
         group = missing[0].split(".")[0]
-        raise ConfigError(f"{missing[0]}: no value; every key has its value in the YAML of its group "
+        raise not_allowed(missing[0], MISSING_VALUE, f"a value: every key has its value in the YAML of its group "
                           f"(conf/{group}/) or on the command line ({missing[0]}=...)")
     return typed
+
+
+def _value_at(data: Any, dotted: str) -> Any:
+    """The value at `dotted` (`a.b[0].c`) in a plain mapping, or `???` where the path does not lead to one."""
+    node = data
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return MISSING_VALUE
+    return node
 
 
 #: Configs validated in this process, by their canonical JSON: a run's config is composed for its run
@@ -265,92 +256,73 @@ def eval_config(typed: DictConfig) -> EvalConfig:
 def _validate(data: dict) -> DictConfig:
     typed = structured(data)
     method = typed.method
-    if not isinstance(method, DictConfig) or "_target_" not in method or "name" not in method:
-        _fail("method", method, "a method config with `_target_` and `name` (see conf/method/)")
-    from experiments.methods import DISPLAY_KEY, build_params, method_class
-
-    values = OmegaConf.to_container(method, resolve=True)
-    cls = method_class(values.pop("_target_"))
-    values.pop(DISPLAY_KEY, None)
-    build_params(cls, values)  # every hyperparameter checked now, before any job is launched
+    require("method", method, isinstance(method, DictConfig) and "name" in method,
+            "a method config with `_target_` and `name` (see conf/method/)")
+    target, values = hyperparameters(method)
+    build_params(method_class(target), values)  # every hyperparameter checked now, before any job is launched
 
     bb = typed.backbone
-    if bb.dtype not in DTYPES:
-        _fail("backbone.dtype", bb.dtype, f"one of {list(DTYPES)}")
+    require("backbone.dtype", bb.dtype, bb.dtype in DTYPES, f"one of {list(DTYPES)}")
     for key in ("train_batch_size", "grad_accum", "eval_batch_size", "max_length"):
         _positive(f"backbone.{key}", bb[key])
 
     tr = typed.train
-    if tr.lr < 0:
-        _fail("train.lr", tr.lr, "must be >= 0")
-    if tr.steps < 0:
-        _fail("train.steps", tr.steps, "must be >= 0")
-    if tr.scheduler not in SCHEDULERS:
-        _fail("train.scheduler", tr.scheduler, f"one of {list(SCHEDULERS)}")
+    require("train.lr", tr.lr, tr.lr >= 0, "a number >= 0")
+    require("train.steps", tr.steps, tr.steps >= 0, "an integer >= 0")
+    require("train.scheduler", tr.scheduler, tr.scheduler in SCHEDULERS, f"one of {list(SCHEDULERS)}")
     for key in ("batch_size", "grad_accum", "max_length", "checkpoint_every", "keep_checkpoints", "log_every", "num_threads",
                 "length_groups"):
         _positive(f"train.{key}", tr[key])
-    if tr.warmup_steps < 0:
-        _fail("train.warmup_steps", tr.warmup_steps, "must be >= 0")
+    require("train.warmup_steps", tr.warmup_steps, tr.warmup_steps >= 0, "an integer >= 0")
 
     if typed.rerun_before is not None:
-        from experiments.rerun import resolve_commit
-
-        if resolve_commit(str(typed.rerun_before)) is None:
-            _fail("rerun_before", typed.rerun_before, "a commit of this checkout (a sha, tag or branch git can resolve)")
+        require("rerun_before", typed.rerun_before, resolve_commit(str(typed.rerun_before)) is not None,
+                "a commit of this checkout (a sha, tag or branch git can resolve)")
     for i, root in enumerate(typed.reuse_training_from):
-        if not Path(str(root)).is_dir():
-            _fail(f"reuse_training_from[{i}]", root, "a folder: the run root of finished runs (e.g. the dev sweep's)")
+        require(f"reuse_training_from[{i}]", root, Path(str(root)).is_dir(),
+                "a folder: the run root of finished runs (e.g. the dev sweep's)")
 
     lg = typed.logger
-    if lg.kind not in LOGGERS:
-        _fail("logger.kind", lg.kind, f"one of {list(LOGGERS)}")
-    if lg.kind == "wandb" and lg.mode not in WANDB_MODES:
-        _fail("logger.mode", lg.mode, f"one of {list(WANDB_MODES)}")
-    if lg.kind == "wandb" and not lg.project:
-        _fail("logger.project", lg.project, "a W&B project name")
+    require("logger.kind", lg.kind, lg.kind in LOGGERS, f"one of {list(LOGGERS)}")
+    if lg.kind == "wandb":
+        require("logger.mode", lg.mode, lg.mode in WANDB_MODES, f"one of {list(WANDB_MODES)}")
+        require("logger.project", lg.project, bool(lg.project), "a W&B project name")
 
     bm = typed.benchmark
-    if bm.split not in BENCHMARK_SPLITS:
-        _fail("benchmark.split", bm.split, f"one of {list(BENCHMARK_SPLITS)}")
+    require("benchmark.split", bm.split, bm.split in BENCHMARK_SPLITS, f"one of {list(BENCHMARK_SPLITS)}")
     specs = [("benchmark.target.train", bm.target.train)]
     specs += [(f"benchmark.target.evaluation.{k}", v) for k, v in bm.target.evaluation.items()]
     specs += [(f"benchmark.target.dev.{k}", v) for k, v in bm.target.dev.items()]
     specs += [(f"benchmark.retained.{k}", v) for k, v in bm.retained.items()]
     for key, spec in specs:
-        if spec.kind not in DATA_KINDS:
-            _fail(f"{key}.kind", spec.kind, f"one of {list(DATA_KINDS)}")
-        if not spec.hub and not spec.local:
-            _fail(f"{key}.local", spec.local, "a local path or a hub id (`hub`) is required")
-    if bm.target.train.kind != "code_instruction":
-        _fail("benchmark.target.train.kind", bm.target.train.kind, "code_instruction")
-    if not bm.target.evaluation:
-        _fail("benchmark.target.evaluation", {}, "at least one evaluation suite")
-    if bm.split == "dev" and not bm.target.dev:
-        _fail("benchmark.target.dev", {}, "at least one dev suite when benchmark.split=dev")
+        require(f"{key}.kind", spec.kind, spec.kind in DATA_KINDS, f"one of {list(DATA_KINDS)}")
+        require(f"{key}.local", spec.local, bool(spec.hub or spec.local), "a local path, or a hub id in `hub`")
+    require("benchmark.target.train.kind", bm.target.train.kind, bm.target.train.kind == "code_instruction",
+            "code_instruction")
+    require("benchmark.target.evaluation", {}, bool(bm.target.evaluation), "at least one evaluation suite")
+    require("benchmark.target.dev", {}, bm.split != "dev" or bool(bm.target.dev),
+            "at least one dev suite when benchmark.split=dev")
     split_specs = [("benchmark.target.train", bm.target.train)]
     split_specs += [(f"benchmark.target.{part}.{k}", v) for part in ("evaluation", "dev")
                     for k, v in bm.target[part].items()]
     for name, spec in bm.retained.items():
-        if spec.kind not in RETAINED_KINDS:
-            _fail(f"benchmark.retained.{name}.kind", spec.kind, f"one of {list(RETAINED_KINDS)}")
-        if bm.split == "dev" and spec.dev is None:
-            _fail(f"benchmark.retained.{name}.dev", None, "a dev split spec when benchmark.split=dev")
+        require(f"benchmark.retained.{name}.kind", spec.kind, spec.kind in RETAINED_KINDS,
+                f"one of {list(RETAINED_KINDS)}")
+        require(f"benchmark.retained.{name}.dev", None, bm.split != "dev" or spec.dev is not None,
+                "a dev split spec when benchmark.split=dev")
         split_specs += [(f"benchmark.retained.{name}.{part}", spec[part]) for part in ("calibration", "evaluation", "dev")
                         if spec[part] is not None]
     for key, spec in split_specs:
         _positive(f"{key}.max_items", spec.max_items)
-        if spec.holdout is not None and spec.holdout not in HOLDOUT_PARTS:
-            _fail(f"{key}.holdout", spec.holdout, f"null or one of {list(HOLDOUT_PARTS)}")
-        if spec.id_range is not None and (len(spec.id_range) != 2 or spec.id_range[0] > spec.id_range[1]):
-            _fail(f"{key}.id_range", list(spec.id_range), "null or [lo, hi] with lo <= hi")
+        require(f"{key}.holdout", spec.holdout, spec.holdout is None or spec.holdout in HOLDOUT_PARTS,
+                f"null or one of {list(HOLDOUT_PARTS)}")
+        id_range = None if spec.id_range is None else list(spec.id_range)
+        require(f"{key}.id_range", id_range, id_range is None or (len(id_range) == 2 and id_range[0] <= id_range[1]),
+                "null or [lo, hi] with lo <= hi")
     if bm.protect is not None:
-        unknown = [d for d in bm.protect if d not in bm.retained]
-        if unknown or not bm.protect or len(set(bm.protect)) != len(bm.protect):
-            _fail("benchmark.protect", list(bm.protect),
-                  f"null or a non-empty list of distinct retained domains from {sorted(bm.retained)}")
-    try:
-        OmegaConf.to_object(typed.eval).validate()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        protect = list(bm.protect)
+        require("benchmark.protect", protect, bool(protect) and set(protect) <= set(bm.retained)
+                and len(set(protect)) == len(protect),
+                f"null or a non-empty list of distinct retained domains from {sorted(bm.retained)}")
+    OmegaConf.to_object(typed.eval).validate()
     return typed

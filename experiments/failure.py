@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from experiments import records
 from experiments.log import FILE_ONLY
 from experiments.train import Preempted, checkpoint_paths
+from suite_schema import layout
 
 log = logging.getLogger("suite.run")
 _PHASE = {"name": "start"}
@@ -72,7 +73,7 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             yield
     except Preempted as exc:
         exit_code = 1
-        _write_outcome(run_dir, {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+        _write_outcome(run_dir, {**base_record, "status": layout.STATUS_INTERRUPTED, "phase": _PHASE["name"],
                                  "interrupted": {"step": exc.step, "reason": str(exc)}}, exc)
         raise
     except (SystemExit, KeyboardInterrupt, SignalInterrupt) as exc:
@@ -85,14 +86,14 @@ def failure_guard(run_dir: Path, base_record: dict, logger: Any) -> Iterator[Non
             why = str(exc)
         else:
             why = f"exit({exc.code}): requeued (or stopped) by a signal handler"
-        _write_outcome(run_dir, {**base_record, "status": records.STATUS_INTERRUPTED, "phase": _PHASE["name"],
+        _write_outcome(run_dir, {**base_record, "status": layout.STATUS_INTERRUPTED, "phase": _PHASE["name"],
                                  "interrupted": {"step": _last_checkpoint_step(run_dir),
                                                  "reason": f"{why} during {_PHASE['name']}"}}, exc)
         raise
     except BaseException as exc:
         exit_code = 1
         log.error("failed: %s: %s\n%s", type(exc).__name__, exc, traceback.format_exc().rstrip(), extra=FILE_ONLY)
-        _write_outcome(run_dir, {**base_record, "status": records.STATUS_FAILED, "phase": _PHASE["name"],
+        _write_outcome(run_dir, {**base_record, "status": layout.STATUS_FAILED, "phase": _PHASE["name"],
                                  "error": _error_of(exc)}, exc)
         raise
     finally:
@@ -119,7 +120,7 @@ def _write_outcome(run_dir: Path, record: dict, cause: BaseException) -> None:
     say so in one line on stderr together with the run's own cause, which the caller then raises: the write's
     error must not replace why the run stopped."""
     try:
-        records.atomic_write_json(run_dir / records.RECORD_NAME,
+        records.atomic_write_json(run_dir / layout.RECORD_NAME,
                                   {**record, "provenance": records.provenance(_started(record))})
     except OSError as exc:
         print(f"error: could not write the {record['status']} record in {run_dir} ({exc.strerror or exc}); "

@@ -32,7 +32,7 @@ from experiments.backbones import (
     require_available,
 )
 from experiments.calibration import encode_target_item
-from experiments.config import ConfigError, eval_config, resolved_train, validate_config
+from experiments.config import eval_config, resolved_train, validate_config
 from experiments.data.benchmark import Benchmark, build_benchmark
 from experiments.data.loaders import DataError
 from experiments.failure import failure_guard, set_phase
@@ -41,6 +41,8 @@ from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
 from experiments.train import TrainResult, seed_everything, train
+from experiments.validation import ConfigError
+from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
 
@@ -55,7 +57,7 @@ def run_id_for(cfg: DictConfig) -> str:
         data = OmegaConf.to_container(typed, resolve=True)
     except USER_ERRORS:
         data = OmegaConf.to_container(cfg, resolve=True)
-    return records.run_id_of(data)
+    return run_identity.run_id_of(data)
 
 
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
@@ -121,7 +123,7 @@ def run(cfg: DictConfig) -> dict:
     records.code_version()  # the code this process imported, before anything can be committed meanwhile
     typed = validate_config(cfg)
     resolved = OmegaConf.to_container(typed, resolve=True)
-    run_id = records.run_id_of(resolved)
+    run_id = run_identity.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
     scales = required_scales(typed)
     if records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
@@ -157,15 +159,15 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
                          dom.name, dom.dropped_calibration)
         _clear_a_killed_attempt(run_id, run_dir)
         started = datetime.now(timezone.utc)
-        science = records.scientific_config(resolved)
+        science = run_identity.scientific_config(resolved)
         base_record = {
-            "schema_version": records.SCHEMA_VERSION,
+            "schema_version": layout.SCHEMA_VERSION,
             "run_id": run_id,
-            "status": records.STATUS_RUNNING,
+            "status": layout.STATUS_RUNNING,
             "method": method.name,
             "backbone": typed.backbone.name,
             # dev runs carry the split in the benchmark label, so no table or plot ever pools them with test runs
-            "benchmark": typed.benchmark.name if typed.benchmark.split == "test" else f"{typed.benchmark.name}@dev",
+            "benchmark": layout.benchmark_label(typed.benchmark.name, typed.benchmark.split),
             "split": typed.benchmark.split,
             "seed": typed.seed,
             "knobs": method.describe(),
@@ -175,7 +177,7 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
         }
         # The run's record from its first moment: `running`, with who runs it; whatever attempt came before
         # (an `interrupted` record naming a checkpoint since replaced) no longer speaks for the run.
-        records.atomic_write_json(run_dir / records.RECORD_NAME,
+        records.atomic_write_json(run_dir / layout.RECORD_NAME,
                                   {**base_record, "provenance": records.provenance(started)})
         name = f"{method.name}-{typed.backbone.name}-s{typed.seed}-{run_id[:8]}"
         logger = make_logger(typed.logger, run_id, run_dir, science, name)
@@ -188,7 +190,7 @@ def _clear_a_killed_attempt(run_id: str, run_dir: Path) -> None:
     """Under the run's lock, no other process writes this run: a `running` record is what a killed attempt
     (SIGKILL, out of memory, a lost node) left, and its temporary files were never results. Say so and remove them."""
     previous = records.read_record(run_dir)
-    if previous and previous.get("status") == records.STATUS_RUNNING:
+    if previous and previous.get("status") == layout.STATUS_RUNNING:
         proc = previous.get("process") or {}
         log.info("%s: the previous attempt (pid %s on %s, started %s) stopped without a record (killed?); starting "
                  "again", run_id, proc.get("pid", "?"), proc.get("host", "?"), previous.get("started", "?"))
@@ -254,7 +256,7 @@ class Job:
         steps = resolved_train(self.typed).steps if method.trains else 0
         # Before prepare: a reused training's statistics files must be in place for prepare to load them.
         self.reused = reuse.reuse_training([Path(str(r)) for r in self.typed.reuse_training_from],
-                                           records.training_id_of(OmegaConf.to_container(self.typed, resolve=True)),
+                                           run_identity.training_id_of(OmegaConf.to_container(self.typed, resolve=True)),
                                            steps, self.run_dir, method.run_files, self.typed.rerun_before)
         model, ctx, train_cfg = self.load_and_prepare()
         summary = model_summary(model)
@@ -274,20 +276,20 @@ class Job:
         # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
         # complete record.json means every requested scale is there too.
         for alpha in scales:
-            out, scaled_id = records.scale_dir(self.run_dir, alpha), records.scale_run_id(self.run_id, alpha)
+            out, scaled_id = layout.scale_dir(self.run_dir, alpha), layout.scale_run_id(self.run_id, alpha)
             if records.is_complete(out, scaled_id):
-                log.info("%s: scale %s already evaluated", self.run_id, records.scale_label(alpha))
+                log.info("%s: scale %s already evaluated", self.run_id, layout.scale_label(alpha))
                 continue
-            log.info("%s: evaluating at post-hoc scale %s", self.run_id, records.scale_label(alpha))
+            log.info("%s: evaluating at post-hoc scale %s", self.run_id, layout.scale_label(alpha))
             method.scale(model, alpha)
             scaled = self.evaluate(model, out, {"run_id": scaled_id, "scale": alpha, "train_run_id": self.run_id},
                                    **costs)
-            self.logger.summary({f"scale/{records.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
+            self.logger.summary({f"scale/{layout.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
         if scales:
             method.scale(model, 1.0)
         record = self.evaluate(model, self.run_dir, {"scale": 1.0} if scales else {}, **costs)
         self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
-        log.info("%s: complete; record %s", self.run_id, self.run_dir / records.RECORD_NAME)
+        log.info("%s: complete; record %s", self.run_id, self.run_dir / layout.RECORD_NAME)
         return record
 
     def base_model(self) -> torch.nn.Module:
@@ -314,11 +316,11 @@ class Job:
         t_eval = time.perf_counter()
         metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
                                self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
-        records.atomic_write_json(out_dir / records.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
+        records.atomic_write_json(out_dir / layout.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
         timing = metrics.pop("timing", {})
         record = {
             **self.base_record, **fields,
-            "status": records.STATUS_COMPLETE,
+            "status": layout.STATUS_COMPLETE,
             "metrics": metrics,
             "train": None if result is None else {
                 "steps": result.steps,
@@ -343,5 +345,5 @@ class Job:
             **({"diagnostics": self.diagnostics} if self.diagnostics else {}),
             "provenance": records.provenance(self.started),
         }
-        records.atomic_write_json(out_dir / records.RECORD_NAME, record)
+        records.atomic_write_json(out_dir / layout.RECORD_NAME, record)
         return record

@@ -29,8 +29,15 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
 
-from experiments.config import ConfigError
+from experiments import validation
+from experiments.activations import load_or_build_site_tensors
+from experiments.backbones import check_target_modules
+from experiments.validation import ConfigError, is_int  # noqa: F401  (is_int: part of the API of a method's Params)
+from suite_schema import registry
 
 PARAMS_FILE = "method.json"
 STATE_FILE = "method_state.safetensors"
@@ -41,14 +48,8 @@ class MethodConfigError(ConfigError):
 
 
 def require(key: str, value: Any, ok: bool, allowed: str) -> None:
-    """Raise `MethodConfigError` naming `method.<key>` unless `ok`."""
-    if not ok:
-        raise MethodConfigError(f"method.{key}={value!r} is not allowed: {allowed}")
-
-
-def is_int(value: Any) -> bool:
-    """An integer that is not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Raise `MethodConfigError` naming `method.<key>` unless `ok` (`experiments.validation.require`)."""
+    validation.require(f"method.{key}", value, ok, allowed, MethodConfigError)
 
 
 @dataclass(kw_only=True)
@@ -185,8 +186,6 @@ class Method:
     # -- shared prepare steps ----------------------------------------------------------------------
     def resolve_targets(self, model: torch.nn.Module, ctx: RunContext) -> list[str]:
         """The module names this run adapts (`method.target_modules`, else the backbone's), checked on `model`."""
-        from experiments.backbones import check_target_modules
-
         targets = list(getattr(self.params, "target_modules", None) or ctx.target_modules)
         check_target_modules(model, targets, key="method.target_modules")
         return targets
@@ -205,8 +204,6 @@ class Method:
         """Per-site tensors of this run: loaded from `<run_dir>/<filename>` when an earlier attempt saved
         them (a resumed run reuses them bit for bit), else built by `build` and saved. The seconds go to
         the cost `seconds_cost`, whether they were reused to `reused_cost`."""
-        from experiments.activations import load_or_build_site_tensors
-
         with self.timed(seconds_cost):
             tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / filename, build)
         self._costs[reused_cost] = loaded
@@ -248,8 +245,6 @@ class Method:
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """Save the trainable tensors and the params into `out_dir`; return the stored tensor bytes."""
-        from safetensors.torch import save_file
-
         self.write_params(out_dir)
         state = {n: t.contiguous() for n, t in self.state_dict(model).items()}
         if not state:
@@ -261,8 +256,6 @@ class Method:
     @classmethod
     def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
         """A freshly loaded base `model` turned into the exported method's trained model (mirrors `export`)."""
-        from safetensors.torch import load_file
-
         method = cls(cls.read_params(export_dir))
         path = Path(export_dir) / STATE_FILE
         if path.is_file():
@@ -302,14 +295,13 @@ class BaseMethod(Method):
 
 def method_class(target: str) -> type[Method]:
     """The Method subclass a `_target_` names (MethodConfigError when it cannot be imported or is not one)."""
-    from hydra.utils import get_class
-
     try:
         cls = get_class(target)
     except Exception as exc:
-        raise MethodConfigError(f"method._target_={target!r} cannot be imported: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Method)):
-        raise MethodConfigError(f"method._target_={target!r} is not a Method subclass")
+        raise validation.not_allowed("method._target_", target, f"an importable class ({exc})",
+                                     MethodConfigError) from None
+    require("_target_", target, isinstance(cls, type) and issubclass(cls, Method),
+            "a subclass of experiments.methods.Method")
     return cls
 
 
@@ -324,25 +316,35 @@ def build_params(cls: type[Method], values: dict) -> MethodParams:
     allowed = param_names(cls)
     unknown = sorted(set(values) - set(allowed))
     if unknown:
-        raise MethodConfigError(f"method.{unknown[0]}={values[unknown[0]]!r} is not a parameter of "
-                                f"{cls.__module__}.{cls.__qualname__}; allowed: {sorted(allowed)}")
+        require(unknown[0], values[unknown[0]], False,
+                f"a parameter of {cls.__module__}.{cls.__qualname__}, one of {sorted(allowed)}")
     missing = [k for k in allowed if k not in values]
     if missing:
-        raise MethodConfigError(f"method.{missing[0]}: no value; {cls.__qualname__} needs {allowed} "
-                                "(values live in conf/method/<name>.yaml)")
+        require(missing[0], validation.MISSING_VALUE, False,
+                f"a value; {cls.__qualname__} needs {allowed} (values live in conf/method/<name>.yaml)")
     return cls.Params(**values)
 
 
-def build_method(method_cfg: Any) -> Method:
-    """Instantiate the method a `conf/method/*.yaml` names through its `_target_` (display keys ignored)."""
-    from omegaconf import DictConfig, OmegaConf
-
+def hyperparameters(method_cfg: Any) -> tuple[str, dict]:
+    """The `_target_` of a method config (a DictConfig or mapping) and its hyperparameter values: every key but
+    `registry.NOT_HYPERPARAMETERS` (the display block is how analysis shows the method)."""
     cfg = OmegaConf.to_container(method_cfg, resolve=True) if isinstance(method_cfg, DictConfig) else dict(method_cfg)
-    cfg.pop(DISPLAY_KEY, None)
-    cls = method_class(cfg.pop("_target_"))
-    return cls(build_params(cls, cfg))
+    if "_target_" not in cfg:
+        raise MethodConfigError(f"method={cfg!r:.120} is not allowed: a method config with `_target_` and `name` "
+                                "(see conf/method/)")
+    return cfg["_target_"], {k: v for k, v in cfg.items() if k not in registry.NOT_HYPERPARAMETERS}
 
 
-#: The key of a method config that holds how analysis shows it (label, group, order, colour, marker):
-#: presentation only, never part of the run id or of the method's hyperparameters.
-DISPLAY_KEY = "display"
+def build_method(method_cfg: Any) -> Method:
+    """Instantiate the method a `conf/method/*.yaml` names through its `_target_`."""
+    target, values = hyperparameters(method_cfg)
+    cls = method_class(target)
+    return cls(build_params(cls, values))
+
+
+def build_named(option: str, **overrides: Any) -> Method:
+    """The registered method `conf/method/<option>.yaml` configures, with hyperparameter overrides."""
+    spec = registry.methods().get(option)
+    if spec is None:
+        raise MethodConfigError(f"method={option!r} is not allowed: one of {registry.method_names()}")
+    return build_method({"_target_": spec.target, **spec.values, **overrides})

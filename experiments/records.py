@@ -1,15 +1,11 @@
-"""Run identity, provenance and the result record (one JSON per run; the unit of "done").
-
-The run id is a hash of the resolved *scientific* config: presentation keys (logger, launcher,
-output paths, progress bars, cache locations, worker counts) are left out, so the same science
-always gets the same id and the same run directory.
+"""Writing and reading a run's files: atomic writes, the record of a run directory, whether a run is complete, and
+the provenance a record carries (code version, packages, machine). The record's layout is `suite_schema.layout`, the
+run id `suite_schema.run_identity`.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -21,89 +17,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
-from analysis.schema import (  # noqa: F401  (the record layout has one definition, shared with analysis)
-    CODE_SAMPLES_NAME,
-    LATER_KEYS,
-    RECORD_NAME,
-    SCALES_DIR,
-    SCHEMA_VERSION,
-    STATUS_COMPLETE,
-    STATUS_FAILED,
-    STATUS_INTERRUPTED,
-    STATUS_RUNNING,
-)
+from suite_schema.layout import RECORD_NAME, STATUS_COMPLETE, scale_dir, scale_run_id
 
-# Dotted keys that do not change what a run computes.
-PRESENTATION_KEYS = (
-    "hydra",
-    "logger",
-    "run_root",
-    "experiment",
-    "benchmark.data_root",
-    "train.progress",
-    "train.checkpoint_every",
-    "train.keep_checkpoints",
-    "train.log_every",
-    "train.num_threads",
-    "train.length_groups",  # the same examples and loss per step in fewer padded positions: rounding differs, as with threads
-    "eval.cache_dir",
-    "eval.sandbox_workers",
-    "rerun_before",  # which records count as stale, not what a run computes
-    "wait_if_running",
-    "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
-    "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
-    "reuse_training_from",  # where a finished run with the same training is looked for (experiments.reuse)
-)
-#: Keys that choose what a trained model is evaluated on and nothing it trains on: runs that differ only here (and in
-#: presentation keys) train the same model (`training_id_of`). No statistic a method fits and no training step reads
-#: the evaluation split (experiments/calibration.py), and the reference cache stores each split's log-probs by that
-#: split's own size (experiments/evaluation/reference_cache.py).
-EVALUATION_ONLY_KEYS = ("benchmark.split",)
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
-
-
-def _parent(cfg: dict, dotted: str) -> tuple[Any, str]:
-    node: Any = cfg
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        node = node.get(part) if isinstance(node, dict) else None
-        if node is None:
-            break
-    return node, parts[-1]
-
-
-def scientific_config(cfg: dict) -> dict:
-    """A copy of a resolved config mapping without the presentation keys, and without each of `LATER_KEYS` that has
-    its earlier behaviour's value."""
-    out = copy.deepcopy(cfg)
-    for dotted in PRESENTATION_KEYS:
-        node, leaf = _parent(out, dotted)
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    for dotted, earlier in LATER_KEYS.items():
-        node, leaf = _parent(out, dotted)
-        if isinstance(node, dict) and leaf in node and node[leaf] == earlier:
-            node.pop(leaf)
-    return out
-
-
-def run_id_of(cfg: dict) -> str:
-    """16 hex characters identifying the science of a resolved config mapping."""
-    blob = json.dumps(scientific_config(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def training_id_of(cfg: dict) -> str:
-    """16 hex characters identifying what a resolved config mapping *trains*: its scientific config without
-    `EVALUATION_ONLY_KEYS`. A dev run and a test run of one point share it; `cfg` may also be a record's `config`
-    (already scientific)."""
-    out = scientific_config(cfg)
-    for dotted in EVALUATION_ONLY_KEYS:
-        node, leaf = _parent(out, dotted)
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    blob = json.dumps(out, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def file_mode() -> int:
@@ -158,21 +74,6 @@ def read_record(run_dir: Path) -> Optional[dict]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def scale_label(alpha: float) -> str:
-    """How a post-hoc scale appears in folder names and run ids: `0.5`, `1`, `0.25`."""
-    return f"{float(alpha):g}"
-
-
-def scale_run_id(run_id: str, alpha: float) -> str:
-    """The run id of the record of training run `run_id` evaluated at post-hoc scale `alpha`."""
-    return f"{run_id}@{scale_label(alpha)}"
-
-
-def scale_dir(run_dir: Path, alpha: float) -> Path:
-    """Where the record of a run at post-hoc scale `alpha` (other than 1) lives: <run_dir>/scales/<alpha>/."""
-    return Path(run_dir) / SCALES_DIR / scale_label(alpha)
 
 
 def extra_scales(scales: Any) -> list[float]:

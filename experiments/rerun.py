@@ -15,13 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from analysis.schema import SUPERSEDED_DIR
 from experiments import records
 from experiments.run_lock import LOCK_NAME
+from suite_schema import layout
 
 #: What a re-run keeps in the run directory: Hydra's files of this launch, the run's log, earlier superseded records
 #: and the run's lock file (held by this launch: removing it would let another launch lock a new file).
-KEEP = (".hydra", "run.log", SUPERSEDED_DIR, LOCK_NAME)
+KEEP = (".hydra", "run.log", layout.SUPERSEDED_DIR, LOCK_NAME)
 
 
 def resolve_commit(commit: str) -> Optional[str]:
@@ -61,13 +61,13 @@ def supersede(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     record = records.read_record(run_dir) or {}
     sha = ((record.get("provenance") or {}).get("git_sha") or "unknown")[:12]
-    dest = run_dir / SUPERSEDED_DIR / sha
+    dest = run_dir / layout.SUPERSEDED_DIR / sha
     n = 1
     while dest.exists():
         n += 1
-        dest = run_dir / SUPERSEDED_DIR / f"{sha}-{n}"
+        dest = run_dir / layout.SUPERSEDED_DIR / f"{sha}-{n}"
     dest.mkdir(parents=True)
-    found = [run_dir / records.RECORD_NAME, *sorted((run_dir / records.SCALES_DIR).glob(f"*/{records.RECORD_NAME}"))]
+    found = [run_dir / layout.RECORD_NAME, *sorted((run_dir / layout.SCALES_DIR).glob(f"*/{layout.RECORD_NAME}"))]
     for path in found:
         if path.is_file():
             target = dest / path.relative_to(run_dir)

@@ -3,7 +3,7 @@
 A dev run and a test run of one sweep point train the same model. They differ only in `benchmark.split`, which
 chooses the items a run is evaluated on, and nothing that trains reads those items: methods fit their statistics on
 the calibration split and train on the target training split (experiments/calibration.py), and the reference cache
-stores each split's log-probs by that split's own size. `records.training_id_of` hashes a config without the split.
+stores each split's log-probs by that split's own size. `run_identity.training_id_of` hashes a config without the split.
 
 With `reuse_training_from=[<run_root>, ...]`, a run that trains and has no checkpoint of its own looks there for a
 complete run with the same training id whose final checkpoint is still in its folder (`find_donor`). It copies the
@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 from experiments import records, rerun
 from experiments.train import checkpoint_path, checkpoint_paths
+from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
 
@@ -63,14 +64,14 @@ def find_donor(roots: Sequence[Path], training_id: str, steps: int, own_dir: Pat
     that `rerun_before` would make again is not used, nor the run in `own_dir` itself."""
     own = Path(own_dir).resolve()
     for root in roots:
-        for path in sorted(Path(root).glob(f"*/{records.RECORD_NAME}")):
+        for path in sorted(Path(root).glob(f"*/{layout.RECORD_NAME}")):
             run_dir = path.parent
             if run_dir.resolve() == own:
                 continue
             record = records.read_record(run_dir)
-            if not (record and record.get("status") == records.STATUS_COMPLETE and isinstance(record.get("config"), dict)):
+            if not (record and record.get("status") == layout.STATUS_COMPLETE and isinstance(record.get("config"), dict)):
                 continue
-            if records.training_id_of(record["config"]) != training_id:
+            if run_identity.training_id_of(record["config"]) != training_id:
                 continue
             final = checkpoint_path(run_dir, steps)  # the training id holds train.steps: the donor trained `steps`
             if not final.is_file():

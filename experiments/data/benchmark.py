@@ -22,6 +22,7 @@ from typing import Optional
 
 from experiments.data.dedup import normalise_text
 from experiments.data.loaders import DataError, is_local, load
+from experiments.validation import not_allowed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,11 +68,9 @@ def resolve_source(spec, data_root: Optional[str]) -> tuple[str, Optional[str]]:
             local = base / local
         if data_root or not spec.hub:
             if not local.exists():
-                key = "benchmark.data_root" if data_root else "local"
-                raise DataError(
-                    f"{key}: local data path {str(local)!r} does not exist "
-                    f"(set benchmark.data_root to the folder holding it, or null to use the hub id {spec.hub!r})"
-                )
+                key, value = ("benchmark.data_root", data_root) if data_root else ("local", spec.local)
+                raise not_allowed(key, value, f"a path that exists ({str(local)!r} does not; set benchmark.data_root "
+                                  f"to the folder holding it, or null to use the hub id {spec.hub!r})", DataError)
             return str(local), None
     if not spec.hub:
         raise DataError(f"dataset spec has neither a local path nor a hub id: {spec}")
@@ -115,7 +114,7 @@ def select(items: list[dict], split_spec) -> list[dict]:
     elif holdout == "rest":
         items = [it for it in items if not in_holdout(it)]
     elif holdout is not None:
-        raise DataError(f"holdout {holdout!r}: allowed null, 'dev', 'rest'")
+        raise not_allowed("holdout", holdout, "null, 'dev' or 'rest'", DataError)
     id_range = getattr(split_spec, "id_range", None)
     if id_range is not None:
         lo, hi = id_range
@@ -141,7 +140,7 @@ def _retained(name: str, spec, split: str, root: Optional[str], seed: int) -> Re
     dev = getattr(spec, "dev", None)
     held_out = [spec.evaluation] + ([dev] if dev is not None else [])
     if split == "dev" and dev is None:
-        raise DataError(f"benchmark.retained.{name}.dev: no dev split spec, needed for benchmark.split=dev")
+        raise not_allowed(f"benchmark.retained.{name}.dev", None, "a dev split spec when benchmark.split=dev", DataError)
     pool = load_items(spec, spec.calibration, root)
     evaluated = {normalise_text(item_text(it)) for part in held_out for it in load_items(spec, part, root)}
     kept = [it for it in pool if normalise_text(item_text(it)) not in evaluated]
@@ -158,11 +157,12 @@ def build_benchmark(cfg) -> Benchmark:
     root = cfg.data_root
     split = getattr(cfg, "split", "test") or "test"
     if split not in ("dev", "test"):
-        raise DataError(f"benchmark.split {split!r}: allowed 'dev', 'test'")
+        raise not_allowed("benchmark.split", split, "'dev' or 'test'", DataError)
     train = load_split(cfg.target.train, cfg.target.train, root, cfg.seed)
     suites = getattr(cfg.target, "dev", None) if split == "dev" else cfg.target.evaluation
     if not suites:
-        raise DataError(f"benchmark.target.{'dev' if split == 'dev' else 'evaluation'}: no suite for split {split!r}")
+        raise not_allowed(f"benchmark.target.{'dev' if split == 'dev' else 'evaluation'}", {},
+                          f"at least one suite for benchmark.split={split}", DataError)
     target_eval: list[dict] = []
     for name, spec in suites.items():
         problems = load_split(spec, spec, root, cfg.seed)

@@ -21,11 +21,13 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from experiments.validation import ConfigError
+
 _SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 
 
-class DataError(ValueError):
-    """A dataset is missing, empty or not in the expected format."""
+class DataError(ConfigError):
+    """A dataset is missing, empty or not in the expected format, or a benchmark key does not fit the data."""
 
 
 def is_local(source: str) -> bool:

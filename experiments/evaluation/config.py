@@ -1,19 +1,22 @@
 """Every knob of one evaluation (the `eval` config group), as an OmegaConf-compatible structured config.
 
 Only simple types, lists and `Optional` are used, so `OmegaConf.structured(EvalConfig)` works and
-Hydra can compose it. `validate()` runs before any compute and raises `ValueError` naming the
-key, the offending value and what is allowed.
+Hydra can compose it. `validate()` runs before any compute and raises `ConfigError` naming the
+key, the offending value and what is allowed (`experiments.validation`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, List, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from experiments.evaluation.sandbox import SandboxLimits  # MERGE-TODO: sandbox.types
+from experiments.validation import is_int, is_number, require
+from suite_schema import registry
 
 DEFAULT_CACHE_SUBDIR = Path(".cache") / "atlas-suite" / "reference"
 CACHE_ENV = "ATLAS_CACHE_DIR"
@@ -88,12 +91,10 @@ class EvalConfig:
     @classmethod
     def from_group(cls, name: str = "micro", **overrides: Any) -> "EvalConfig":
         """The values of conf/eval/<name>.yaml with `overrides` (not validated: call `validate()`)."""
-        from experiments.config import group_values
-
-        return cls(**{**group_values("eval", name), **overrides})
+        return cls(**{**registry.group_values("eval", name), **overrides})
 
     def validate(self) -> "EvalConfig":
-        """Raise `ValueError` on the first invalid value; return self when all are valid."""
+        """Raise `ConfigError` (a `ValueError`) on the first value that is not allowed; return self when all are."""
         for name in (
             "generation_batch_size",
             "scoring_batch_size",
@@ -110,42 +111,39 @@ class EvalConfig:
             "sandbox_workers",
             "lm_eval_batch_size",
         ):
-            _require_int(self, name, minimum=1)
+            value = getattr(self, name)
+            _require(name, value, is_int(value) and value >= 1, "an integer >= 1")
         for name in ("reference_seed", "sample_seed"):
-            _require_int(self, name, minimum=None)
+            _require(name, getattr(self, name), is_int(getattr(self, name)), "an integer")
         for name in ("reference_sampling", "sandbox_network"):
-            if not isinstance(getattr(self, name), bool):
-                _fail(name, getattr(self, name), "true or false")
-        for name in ("reference_temperature", "sample_temperature", "logprob_budget_mb",
-                     "sandbox_timeout_s"):
-            _require_positive_float(self, name)
+            _require(name, getattr(self, name), isinstance(getattr(self, name), bool), "true or false")
+        for name in ("reference_temperature", "sample_temperature", "logprob_budget_mb", "sandbox_timeout_s"):
+            value = getattr(self, name)
+            _require(name, value, is_number(value) and value > 0, "a finite number > 0")
         top_p = self.sample_top_p
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-            _fail("sample_top_p", top_p, "a number in (0, 1]")
-        if self.logprob_dtype not in LOGPROB_DTYPES:
-            _fail("logprob_dtype", self.logprob_dtype, f"one of {list(LOGPROB_DTYPES)}")
+        _require("sample_top_p", top_p, is_number(top_p) and 0.0 < top_p <= 1.0, "a number in (0, 1]")
+        _require("logprob_dtype", self.logprob_dtype, self.logprob_dtype in LOGPROB_DTYPES,
+                 f"one of {list(LOGPROB_DTYPES)}")
         pass_k = list(self.pass_k)
-        if not pass_k or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in pass_k):
-            _fail("pass_k", pass_k, "a non-empty list of integers >= 1")
-        if len(set(pass_k)) != len(pass_k):
-            _fail("pass_k", pass_k, "distinct values")
-        if max(pass_k) > 1 and self.n_samples < max(pass_k):
-            _fail("n_samples", self.n_samples, f"an integer >= max(pass_k) = {max(pass_k)}")
+        _require("pass_k", pass_k, bool(pass_k) and all(is_int(k) and k >= 1 for k in pass_k),
+                 "a non-empty list of integers >= 1")
+        _require("pass_k", pass_k, len(set(pass_k)) == len(pass_k), "distinct values")
+        _require("n_samples", self.n_samples, max(pass_k) == 1 or self.n_samples >= max(pass_k),
+                 f"an integer >= max(pass_k) = {max(pass_k)}")
         for name in ("max_target_problems", "max_items_per_domain", "lm_eval_limit"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                _fail(name, value, "null or an integer >= 1")
+            _require(name, value, value is None or (is_int(value) and value >= 1), "null or an integer >= 1")
         scales = list(self.scales)
-        if (not scales or len(set(scales)) != len(scales)
-                or any(isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 10.0 for a in scales)):
-            _fail("scales", scales, "a non-empty list of distinct numbers in [0, 10]")
+        _require("scales", scales, bool(scales) and len(set(scales)) == len(scales)
+                 and all(is_number(a) and 0.0 <= a <= 10.0 for a in scales),
+                 "a non-empty list of distinct numbers in [0, 10]")
         tasks = list(self.lm_eval_tasks)
-        if any(not isinstance(t, str) or not t.strip() for t in tasks):
-            _fail("lm_eval_tasks", tasks, "a list of non-empty task names")
+        _require("lm_eval_tasks", tasks, all(isinstance(t, str) and t.strip() for t in tasks),
+                 "a list of non-empty task names")
         for name in ("cache_dir", "lm_eval_include_path"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                _fail(name, value, "null or a non-empty path string")
+            _require(name, value, value is None or (isinstance(value, str) and bool(value.strip())),
+                     "null or a non-empty path string")
         return self
 
     def max_new_tokens(self, kind: str) -> int:
@@ -157,12 +155,10 @@ class EvalConfig:
                 "code": self.max_new_tokens_code,
             }[kind]
         except KeyError:
-            raise ValueError(f"kind {kind!r} has no max_new_tokens; allowed: math, choice, code") from None
+            raise ValueError(f"kind={kind!r} is not allowed: one of math, choice, code") from None
 
-    def sandbox_limits(self):
+    def sandbox_limits(self) -> SandboxLimits:
         """The `SandboxLimits` every generated program runs under."""
-        from experiments.evaluation.sandbox import SandboxLimits
-
         return SandboxLimits(
             wall_seconds=float(self.sandbox_timeout_s),
             cpu_seconds=int(self.sandbox_cpu_seconds),
@@ -192,17 +188,12 @@ def as_eval_config(cfg: Any) -> EvalConfig:
     """An `EvalConfig` from an `EvalConfig`, an OmegaConf node or a plain mapping (unknown keys rejected)."""
     if isinstance(cfg, EvalConfig):
         return cfg
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a declared dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
     allowed = {f.name for f in fields(EvalConfig)}
     unknown = sorted(set(cfg) - allowed)
     if unknown:
-        raise ValueError(f"eval config: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+        _require(unknown[0], cfg[unknown[0]], False, f"a key of the eval config, one of {sorted(allowed)}")
     return EvalConfig(**dict(cfg))
 
 
@@ -214,17 +205,5 @@ def require_eval_config(cfg: Any) -> EvalConfig:
     return cfg
 
 
-def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"eval.{name}: invalid value {value!r}; allowed: {allowed}")
-
-
-def _require_int(cfg: EvalConfig, name: str, minimum: Optional[int]) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        _fail(name, value, "an integer" + (f" >= {minimum}" if minimum is not None else ""))
-
-
-def _require_positive_float(cfg: EvalConfig, name: str) -> None:
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        _fail(name, value, "a finite number > 0")
+def _require(name: str, value: Any, ok: bool, allowed: str) -> None:
+    require(f"eval.{name}", value, ok, allowed)

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from experiments import records
+from suite_schema import layout
 
 
 def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: str | None = None) -> dict:
@@ -37,11 +38,11 @@ def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: 
 
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)
-    if record is None or record.get("status") != records.STATUS_COMPLETE:
+    if record is None or record.get("status") != layout.STATUS_COMPLETE:
         raise ValueError(f"{run_dir}: no complete record.json")
-    samples_path = run_dir / records.CODE_SAMPLES_NAME
+    samples_path = run_dir / layout.CODE_SAMPLES_NAME
     if not samples_path.is_file():
-        raise ValueError(f"{run_dir}: no {records.CODE_SAMPLES_NAME} (runs evaluated before completions were stored)")
+        raise ValueError(f"{run_dir}: no {layout.CODE_SAMPLES_NAME} (runs evaluated before completions were stored)")
     samples = [s for s in json.loads(samples_path.read_text()) if s["kind"] == "greedy"]
     config = record["config"]
     bench_cfg = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), config["benchmark"])

@@ -14,6 +14,8 @@ from typing import Any, Optional
 import torch
 
 from experiments import records
+from suite_schema import layout, run_identity
+from suite_schema.registry import CONF
 
 
 @dataclass
@@ -35,8 +37,7 @@ def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    from analysis.schema import LATER_KEYS
-    from experiments.config import CONF, validate_config
+    from experiments.config import validate_config
     from experiments.methods import method_class, param_names
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -45,7 +46,7 @@ def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional
         for key, value in record["config"].items():
             cfg[key] = value if key in ("method", "seed") else OmegaConf.merge(cfg[key], value)
         takes = set(param_names(method_class(cfg.method._target_)))
-        for dotted, earlier in LATER_KEYS.items():
+        for dotted, earlier in run_identity.LATER_KEYS.items():
             section, leaf = dotted.split(".", 1)
             if section == "method" and leaf in takes and leaf not in cfg.method:
                 cfg.method[leaf] = earlier
@@ -66,7 +67,7 @@ def load_run(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional
 
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)
-    if record is None or record.get("status") != records.STATUS_COMPLETE:
+    if record is None or record.get("status") != layout.STATUS_COMPLETE:
         raise ValueError(f"{run_dir}: no complete record.json")
     export = run_dir / "export"
     if not export.is_dir():

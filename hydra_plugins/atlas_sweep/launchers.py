@@ -43,7 +43,7 @@ class LocalSweepLauncher(BasicLauncher):
     def parallel_settings(self) -> tuple[int, int]:
         """(jobs at a time, intra-op threads per job), checked: `jobs` an integer >= 1, `threads_per_job` null or an
         integer >= 1 (null: this machine's cores divided among the jobs, at least 1)."""
-        from experiments.config import ConfigError
+        from experiments.validation import ConfigError
 
         jobs, threads = self.jobs, self.threads_per_job
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -57,7 +57,7 @@ class LocalSweepLauncher(BasicLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from hydra_plugins.atlas_sweep import planner as sweep
-        from experiments.config import ConfigError
+        from experiments.validation import ConfigError
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None

@@ -39,6 +39,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from experiments import records
+from suite_schema import layout, run_identity
 
 SWEEPS_DIR = ".sweeps"
 SUMMARY_JSON = "summary.json"
@@ -104,7 +105,8 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
     Raises ConfigError naming each job whose config is invalid (nothing has been launched then).
     """
     from experiments import rerun
-    from experiments.config import ConfigError, validate_config
+    from experiments.config import validate_config
+    from experiments.validation import ConfigError
     from experiments.job import USER_ERRORS, required_scales
 
     ensure_run_id_resolver()
@@ -121,7 +123,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         except USER_ERRORS as exc:
             errors.append((offset, index, exc))
             continue
-        run_id = records.run_id_of(OmegaConf.to_container(typed, resolve=True))
+        run_id = run_identity.run_id_of(OmegaConf.to_container(typed, resolve=True))
         previous = HydraConfig.instance().cfg
         HydraConfig.instance().set_config(cfg)
         try:
@@ -244,12 +246,12 @@ def outcome_of(run: PlannedRun, launch_error: Optional[BaseException] = None) ->
     record = records.read_record(Path(run.run_dir))
     if record and record.get("run_id") == run.run_id:
         status = record.get("status")
-        if status == records.STATUS_COMPLETE:
+        if status == layout.STATUS_COMPLETE:
             return DONE, ""
-        if status == records.STATUS_FAILED:
+        if status == layout.STATUS_FAILED:
             err = record.get("error") or {}
             return FAILED, f"{err.get('type', 'error')}: {_first_line(err.get('message', ''))}"
-        if status == records.STATUS_INTERRUPTED:
+        if status == layout.STATUS_INTERRUPTED:
             return INTERRUPTED, _first_line((record.get("interrupted") or {}).get("reason", "interrupted"))
     if launch_error is not None:
         return FAILED, f"no record; {type(launch_error).__name__}: {_error_line(launch_error)}"
@@ -478,7 +480,7 @@ def summarise_folder(folder: Path) -> dict:
                                                       "slurm_job_id")})
         if run.state not in (SKIPPED, DUPLICATE):
             run.state, run.reason = outcome_of(run)
-            if run.state == FAILED and not (Path(run.run_dir) / records.RECORD_NAME).exists():
+            if run.state == FAILED and not (Path(run.run_dir) / layout.RECORD_NAME).exists():
                 live = live_slurm_jobs([run.slurm_job_id] if run.slurm_job_id else [])
                 if run.slurm_job_id in live:
                     run.state, run.reason = QUEUED, f"SLURM job {run.slurm_job_id} is {live[run.slurm_job_id]}"

@@ -8,6 +8,7 @@ import pytest
 from analysis_synth import record, write
 
 from analysis import schema
+from suite_schema import layout
 from analysis.cli import main
 from analysis.collect import collect, read_table, record_from_wandb, unflatten, write_table
 
@@ -196,7 +197,7 @@ def test_wandb_runs_are_read_through_an_injected_api(tmp_path):
 def test_wandb_record_and_unflatten():
     assert unflatten({"a/b": 1, "a/c/d": 2, "e": {"f": 3}}) == {"a": {"b": 1, "c": {"d": 2}}, "e": {"f": 3}}
     rec = record_from_wandb(SimpleNamespace(id="r1", state="finished", config={}, summary_metrics={}))
-    assert schema.validate(rec) == "'method' is null (None), expected string"
+    assert layout.validate(rec) == "'method' is null (None), expected string"
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])

@@ -12,7 +12,7 @@ from experiments.calibration import pair_example, reference_pairs
 from experiments.job import run_context as job_context
 from experiments.methods import RunContext
 from experiments.prompts import collate
-from experiments.registry import build
+from experiments.methods import build_named
 from experiments.train import seed_everything
 
 
@@ -37,7 +37,7 @@ def with_seed(cfg, seed: int):
 
 def method_from_conf(name: str, **overrides):
     """The method `conf/method/<name>.yaml` configures, with hyperparameter overrides."""
-    return build(name, **overrides)
+    return build_named(name, **overrides)
 
 
 def prepared(tiny, name: str, run_dir: Path, seed: int = 0, **overrides):

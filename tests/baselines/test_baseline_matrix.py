@@ -8,10 +8,11 @@ import json
 import pytest
 import torch
 
-from experiments import registry
+from experiments.methods import build_named
+from suite_schema import registry
 from experiments.backbones import model_summary
 from experiments.config import train_config
-from experiments.records import RECORD_NAME
+from suite_schema.layout import RECORD_NAME
 from experiments.train import train
 from tests.baselines.baseline_helpers import (
     fresh_base,
@@ -23,12 +24,12 @@ from tests.baselines.baseline_helpers import (
 from tests.conftest import run_cli, tiny_overrides
 
 # Every trained method of the registry (conf/method/*.yaml) but the ATLAS ablations (tests/atlas covers those).
-METHODS = registry.trained_methods("reference", "baseline", "extended")
+METHODS = registry.trained_methods()
 
 
 def reload(name: str, tiny, export_dir):
     """The export on a freshly loaded base, through the method's own `load_export`."""
-    return type(registry.build(name)).load_export(fresh_base(tiny), export_dir)
+    return type(build_named(name)).load_export(fresh_base(tiny), export_dir)
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -12,7 +12,7 @@ from baselines.common import lora_layers
 from baselines.ewc import ewc_penalty, fisher_root
 from experiments.methods import MethodConfigError
 from tests.baselines.baseline_helpers import fresh_base, prepared, randomize_lora_b, run_context, target_batch
-from experiments.registry import build
+from experiments.methods import build_named
 
 
 def test_penalty_formula_on_hand_built_matrices():
@@ -24,9 +24,9 @@ def test_penalty_formula_on_hand_built_matrices():
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.ewc_lambda"):
-        build("ewc", ewc_lambda=-1)
+        build_named("ewc", ewc_lambda=-1)
     with pytest.raises(MethodConfigError, match="method.max_sequences"):
-        build("ewc", max_sequences=0)
+        build_named("ewc", max_sequences=0)
 
 
 def test_fisher_is_the_mean_squared_per_sample_gradient_of_the_base(tiny, tmp_path):
@@ -86,7 +86,7 @@ def test_fisher_is_cached_on_disk_and_reused_without_a_backward_pass(tiny, tmp_p
     targets = list(tiny.cfg.backbone.target_modules)
     key_a, _ = second.fisher_key(run_context(tiny, tmp_path / "c", seed=11), targets)
     key_b, _ = second.fisher_key(run_context(tiny, tmp_path / "c", seed=12), targets)
-    key_c, _ = build("ewc", max_sequences=5).fisher_key(run_context(tiny, tmp_path / "c", seed=11), targets)
+    key_c, _ = build_named("ewc", max_sequences=5).fisher_key(run_context(tiny, tmp_path / "c", seed=11), targets)
     assert len({key_a, key_b, key_c}) == 3
     with pytest.raises(AssertionError, match="recomputed"):
         prepared(tiny, "ewc", tmp_path / "d", max_sequences=4, seed=12)

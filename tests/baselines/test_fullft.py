@@ -13,7 +13,7 @@ from experiments.methods import MethodConfigError
 from experiments.train import train
 from experiments.config import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, target_batch
-from experiments.registry import build
+from experiments.methods import build_named
 
 
 def adapted_weight_names(tiny):
@@ -88,4 +88,4 @@ def test_export_holds_the_adapted_weights_and_reloads_onto_a_fresh_base(tiny, tm
 def test_bad_target_modules_are_rejected():
     for bad in ([], "q_proj", [1]):
         with pytest.raises(MethodConfigError, match="method.target_modules"):
-            build("fullft", target_modules=bad)
+            build_named("fullft", target_modules=bad)

@@ -8,7 +8,7 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as PeftLinear
 
 from baselines.fused_lora import FusedLoraLinear
-from experiments.registry import build
+from experiments.methods import build_named
 
 
 def tiny(dtype=torch.float32):
@@ -23,7 +23,7 @@ def tiny(dtype=torch.float32):
 def pair(dropout=0.0, dtype=torch.float32):
     """(the suite's LoRA model, plain peft's) with identical non-zero factors."""
     targets = ["q_proj", "v_proj", "down_proj"]
-    ours = get_peft_model(tiny(dtype), build("lora", rank=4, alpha=8, dropout=dropout).lora_config(targets))
+    ours = get_peft_model(tiny(dtype), build_named("lora", rank=4, alpha=8, dropout=dropout).lora_config(targets))
     theirs = get_peft_model(tiny(dtype), LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=targets,
                                                     bias="none", task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(1)

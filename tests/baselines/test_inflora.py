@@ -14,7 +14,7 @@ from experiments.methods import MethodConfigError
 from experiments.train import train
 from experiments.config import train_config
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
-from experiments.registry import build
+from experiments.methods import build_named
 
 
 def orthogonal_columns(n, scales, seed=0):
@@ -45,7 +45,7 @@ def test_down_projection_on_hand_built_inputs():
 
 def test_epsilon_outside_its_range_is_rejected():
     with pytest.raises(MethodConfigError, match="method.epsilon"):
-        build("inflora", epsilon=1.0)
+        build_named("inflora", epsilon=1.0)
 
 
 def inputs_per_site(tiny, model, sequences):

@@ -17,7 +17,7 @@ from experiments.activations import collect_inputs, discover_sites, second_momen
 from experiments.calibration import pair_example, reference_pairs, target_examples
 from experiments.config import train_config
 from experiments.methods import MethodConfigError
-from experiments.registry import build
+from experiments.methods import build_named
 from experiments.train import train
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
@@ -174,8 +174,8 @@ def test_resumed_prepare_reuses_the_saved_statistics(tiny, tmp_path):
 
 def test_bad_hyperparameters_are_rejected(tiny, tmp_path):
     with pytest.raises(MethodConfigError, match=r"method.null_dim=4 is not allowed: null \(= rank\) or an integer >= rank"):
-        build("loranull", rank=8, null_dim=4)
+        build_named("loranull", rank=8, null_dim=4)
     with pytest.raises(MethodConfigError, match="method.max_tokens"):
-        build("loranull", max_tokens=0)
+        build_named("loranull", max_tokens=0)
     with pytest.raises(MethodConfigError, match=r"method.null_dim=40 is not allowed: at most 32"):
         prepared(tiny, "loranull", tmp_path, null_dim=40)

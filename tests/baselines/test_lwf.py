@@ -13,14 +13,14 @@ from baselines.lwf import kl_to_cached_base
 from experiments.evaluation.retained_kl import cache_logprobs
 from experiments.methods import MethodConfigError
 from tests.baselines.baseline_helpers import fresh_base, prepared, randomize_lora_b, target_batch
-from experiments.registry import build
+from experiments.methods import build_named
 
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.lwf_lambda"):
-        build("lwf", lwf_lambda=-0.1)
+        build_named("lwf", lwf_lambda=-0.1)
     with pytest.raises(MethodConfigError, match="method.batch_size"):
-        build("lwf", batch_size=0)
+        build_named("lwf", batch_size=0)
 
 
 def live_kl(base, model, pairs, reverse=False):

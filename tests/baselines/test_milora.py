@@ -13,7 +13,7 @@ from baselines.common import lora_layers
 from baselines.lora import LoRA
 from baselines.milora import minor_factors
 from experiments.methods import MethodConfigError
-from experiments.registry import build
+from experiments.methods import build_named
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -113,6 +113,6 @@ def test_resumed_prepare_reuses_the_saved_factors(tiny, tmp_path):
 
 def test_bad_ranks_are_rejected(tiny, tmp_path):
     with pytest.raises(MethodConfigError, match="method.rank"):
-        build("milora", rank=0)
+        build_named("milora", rank=0)
     with pytest.raises(MethodConfigError, match=r"method.rank=17 is not allowed: at most 16"):
         prepared(tiny, "milora", tmp_path, rank=17)  # k_proj / v_proj of the tiny model are 32 -> 16

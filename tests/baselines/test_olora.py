@@ -11,7 +11,7 @@ from baselines.olora import orthogonality_penalty
 from experiments.activations import collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs
 from experiments.methods import MethodConfigError
-from experiments.registry import build
+from experiments.methods import build_named
 from tests.baselines.baseline_helpers import prepared, randomize_lora_b, target_batch
 
 
@@ -30,9 +30,9 @@ def test_penalty_on_hand_built_matrices():
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.lambda1"):
-        build("olora", lambda1=-1.0)
+        build_named("olora", lambda1=-1.0)
     with pytest.raises(MethodConfigError, match="method.prev_rank"):
-        build("olora", prev_rank=0)
+        build_named("olora", prev_rank=0)
 
 
 def test_extra_loss_is_the_weighted_sum_over_modules_with_retained_top_directions(tiny, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from baselines.common import lora_layers
 from baselines.lora import LoRA
 from experiments.methods import MethodConfigError
-from experiments.registry import build
+from experiments.methods import build_named
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,
@@ -101,4 +101,4 @@ def test_export_is_the_converted_update_on_the_unmodified_base(tiny, tmp_path):
 def test_bad_svd_niter_is_rejected():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(MethodConfigError, match="method.svd_niter"):
-            build("pissa", svd_niter=bad)
+            build_named("pissa", svd_niter=bad)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from experiments.calibration import labelled_calibration_examples, reference_pairs
-from experiments.config import ConfigError
+from experiments.validation import ConfigError
 from tests.baselines.baseline_helpers import run_context
 from tests.conftest import compose_tiny
 

@@ -10,7 +10,7 @@ from baselines.replay import replay_count
 from experiments.calibration import pair_example, reference_pairs
 from experiments.methods import MethodConfigError
 from experiments.prompts import gold_response
-from experiments.registry import build
+from experiments.methods import build_named
 from tests.baselines.baseline_helpers import prepared
 
 
@@ -27,9 +27,9 @@ def test_replay_count():
 
 def test_bad_knobs_are_rejected():
     with pytest.raises(MethodConfigError, match="method.rho"):
-        build("replay", rho=1.0, mode="append")
+        build_named("replay", rho=1.0, mode="append")
     with pytest.raises(MethodConfigError, match="method.mode"):
-        build("replay", mode="mix")
+        build_named("replay", mode="mix")
 
 
 @pytest.mark.parametrize("mode, rho, kept, replayed", [("replace", 0.25, 6, 2), ("append", 0.2, 8, 2)])

@@ -35,12 +35,12 @@ def test_tiny_random_model_loads_through_from_pretrained(tmp_path, arch):
 
 
 def test_missing_target_module_is_named(tiny_backbone_dir):
-    with pytest.raises(BackboneError, match=r"\['wq'\] not found in the model"):
+    with pytest.raises(BackboneError, match=r"backbone.target_modules=\['q_proj', 'wq'\] is not allowed: .*\['wq'\] not found"):
         load_backbone(backbone_cfg(tiny_backbone_dir, target_modules=["q_proj", "wq"]))
 
 
 def test_missing_local_folder_is_an_error():
-    with pytest.raises(BackboneError, match=r"backbone.path='assets/nope': local folder does not exist"):
+    with pytest.raises(BackboneError, match=r"backbone.path='assets/nope' is not allowed: an existing local folder or a hub id"):
         resolve_path("assets/nope")
 
 
@@ -74,7 +74,7 @@ def test_a_backbone_that_can_be_neither_read_nor_fetched_fails_in_one_line(tiny_
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
-    with pytest.raises(BackboneError, match="'nobody/no-such-model': not in the local hub cache and HF_HUB_OFFLINE"):
+    with pytest.raises(BackboneError, match="backbone.path='nobody/no-such-model' is not allowed: a backbone in the local hub cache while HF_HUB_OFFLINE"):
         require_available(backbone_config("nobody/no-such-model"))
 
 
@@ -89,7 +89,8 @@ def test_the_mission_command_without_weights_stops_before_any_job(tmp_path, swee
     done = run_cli([*args, "backbone=qwen3-8b", f"run_root={tmp_path / 'runs'}"], env=env)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines == ["error: backbone.path='Qwen/Qwen3-8B': not in the local hub cache and HF_HUB_OFFLINE is set; "
+    assert lines == ["error: backbone.path='Qwen/Qwen3-8B' is not allowed: a backbone in the local hub cache while "
+                     "HF_HUB_OFFLINE is set; "
                      "download it first (`huggingface-cli download Qwen/Qwen3-8B` where the hub is reachable, then "
                      "copy the hub cache here) or set backbone.path to a local folder holding it"], done.stderr
     left = [p for p in (tmp_path / "runs").rglob("*") if p.is_dir()] if (tmp_path / "runs").exists() else []

@@ -4,13 +4,14 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import registry
+from suite_schema import registry
 from experiments.backbones import BackboneError
-from experiments.config import ConfigError, validate_config
+from experiments.config import validate_config
 from experiments.data.benchmark import build_benchmark
 from experiments.data.loaders import DataError
 from experiments.job import preflight_backbone, run_id_for
-from experiments.methods import MethodConfigError, build_method
+from experiments.methods import MethodConfigError, build_method, build_named
+from experiments.validation import ConfigError
 from tests.conftest import REPO, run_cli
 
 CONF = str(REPO / "conf")
@@ -97,13 +98,13 @@ def test_rank_must_be_positive():
     with pytest.raises(ConfigError, match=r"method.rank=0 is not allowed: an integer > 0"):
         validate_config(composed("method.rank=0"))
     with pytest.raises(MethodConfigError, match=r"method.rank=-2 is not allowed: an integer > 0"):
-        registry.build("lora", rank=-2)
-    with pytest.raises(MethodConfigError, match=r"method.target_modules: no value"):
+        build_named("lora", rank=-2)
+    with pytest.raises(MethodConfigError, match=r"method.target_modules=\?\?\? is not allowed: a value"):
         build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rank": 2})
 
 
 def test_negative_learning_rate():
-    with pytest.raises(ConfigError, match=r"train.lr=-0.1 is not allowed: must be >= 0"):
+    with pytest.raises(ConfigError, match=r"train.lr=-0.1 is not allowed: a number >= 0"):
         validate_config(composed("train.lr=-0.1"))
 
 
@@ -121,13 +122,13 @@ def test_bad_enum_values_list_what_is_allowed():
 
 def test_missing_local_data_path(tmp_path):
     cfg = validate_config(composed(f"benchmark.retained.math.local={tmp_path / 'absent'}"))
-    with pytest.raises(DataError, match=r"local data path .*absent.* does not exist"):
+    with pytest.raises(DataError, match=r"local=.*absent.* is not allowed: a path that exists"):
         build_benchmark(cfg.benchmark)
 
 
 def test_paper_benchmark_with_missing_data_root(tmp_path):
     cfg = validate_config(composed("backbone=qwen3-8b", f"benchmark.data_root={tmp_path}"))
-    with pytest.raises(DataError, match=r"benchmark.data_root: local data path .*gpteacher_codegen.* does not exist"):
+    with pytest.raises(DataError, match=r"benchmark.data_root=.* is not allowed: a path that exists \(.*gpteacher_codegen.* does not"):
         build_benchmark(cfg.benchmark)
 
 
@@ -141,7 +142,7 @@ def test_empty_dataset(tmp_path, tiny_benchmark_dir):
 
 def test_missing_target_modules(tiny_backbone_dir):
     cfg = validate_config(composed(f"backbone.path={tiny_backbone_dir}", "backbone.target_modules=[q_proj,c_attn]"))
-    with pytest.raises(BackboneError, match=r"backbone.target_modules=\['q_proj', 'c_attn'\]: \['c_attn'\] not found in the model; allowed: \[.*'q_proj'"):
+    with pytest.raises(BackboneError, match=r"backbone.target_modules=\['q_proj', 'c_attn'\] is not allowed: names of the model's Linear modules \(\['c_attn'\] not found; allowed: \[.*'q_proj'"):
         preflight_backbone(cfg.backbone)
 
 
@@ -164,7 +165,7 @@ def test_paper_benchmark_loads_from_local_copies(shared_data):
 
 
 def test_unknown_method_hyperparameter_lists_allowed():
-    with pytest.raises(MethodConfigError, match=r"method.rnak=4 is not a parameter of baselines.lora.LoRA; allowed: \[.*'rank'"):
+    with pytest.raises(MethodConfigError, match=r"method.rnak=4 is not allowed: a parameter of baselines.lora.LoRA, one of \[.*'rank'"):
         build_method({"_target_": "baselines.lora.LoRA", "name": "lora", "rnak": 4})
 
 

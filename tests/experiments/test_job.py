@@ -10,7 +10,7 @@ import time
 import pytest
 
 from experiments import records
-from experiments.records import RECORD_NAME
+from suite_schema.layout import RECORD_NAME
 from tests.conftest import REPO, run_cli, tiny_overrides
 
 

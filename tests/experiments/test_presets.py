@@ -9,17 +9,18 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments import registry
+from suite_schema import registry
 from experiments.config import validate_config
 from experiments.job import run_id_for
 from tests.conftest import REPO, run_cli, sweep_jobs
+from suite_schema import run_identity
 
 CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 POINTS = sorted(p.stem for p in (CONF / "point").glob("*.yaml"))
 # The method registry's groups (conf/method/*.yaml `display.group`).
-SEVEN = tuple(registry.trained_methods("baseline"))
-ABLATIONS = tuple(registry.trained_methods("reference", "ablation"))
+SEVEN = tuple(registry.members("baseline"))
+ABLATIONS = tuple(registry.members("reference", "ablation"))
 FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # preset -> number of jobs its multirun expands into
 EXPECTED_JOBS = {
@@ -31,7 +32,7 @@ EXPECTED_JOBS = {
 # the tuning presets, evaluated on the dev split
 DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt")
 SEEDS = {"micro_defaults": (0,), **{preset: (0,) for preset in DEV}}
-EXTENDED = tuple(registry.trained_methods("extended"))
+EXTENDED = tuple(registry.members("extended"))
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
@@ -271,7 +272,7 @@ def test_a_key_added_later_changes_the_run_id_only_away_from_its_earlier_behavio
     assert run_id_for(cfg) == earlier_default_run
     data = OmegaConf.to_container(cfg, resolve=True)
     assert {"filter_basis", "filter_members"} <= set(data["method"])
-    assert not {"filter_basis", "filter_members"} & set(records.scientific_config(data)["method"])
+    assert not {"filter_basis", "filter_members"} & set(run_identity.scientific_config(data)["method"])
     plain = run_ids_of([[]])[0]
     others = run_ids_of([["method.filter_basis=null"], ["method.filter_members=kmeans"]])
     assert len({earlier_default_run, plain, *others}) == 4

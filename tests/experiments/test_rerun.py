@@ -7,7 +7,7 @@ import pytest
 
 from analysis.collect import find_records
 from experiments import records
-from experiments.records import RECORD_NAME
+from suite_schema.layout import RECORD_NAME
 from experiments.rerun import resolve_commit, stale_reason, supersede
 from tests.conftest import run_cli, tiny_overrides
 

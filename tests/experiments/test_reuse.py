@@ -11,9 +11,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments import records, registry, reuse
-from experiments.config import CONF, ConfigError, train_config, validate_config
+from experiments import records, reuse
+from experiments.config import train_config, validate_config
 from experiments.train import checkpoint_path, train
+from experiments.validation import ConfigError
+from suite_schema import layout, run_identity
+from suite_schema import registry
+from suite_schema.registry import CONF
 from tests.baselines.baseline_helpers import prepared
 from tests.conftest import run_cli, tiny_overrides
 
@@ -25,13 +29,13 @@ def resolved(*overrides: str) -> dict:
 
 def test_training_id_is_the_run_id_without_the_split():
     dev, test = resolved("benchmark.split=dev"), resolved("benchmark.split=test", "eval.scales=[0.5,1.0]")
-    assert records.run_id_of(dev) != records.run_id_of(test)
-    assert records.training_id_of(dev) == records.training_id_of(test)
+    assert run_identity.run_id_of(dev) != run_identity.run_id_of(test)
+    assert run_identity.training_id_of(dev) == run_identity.training_id_of(test)
     # a record's config (already scientific) gives the same id as the resolved config it came from
-    assert records.training_id_of(records.scientific_config(dev)) == records.training_id_of(dev)
+    assert run_identity.training_id_of(run_identity.scientific_config(dev)) == run_identity.training_id_of(dev)
     for change in ("seed=1", "method.conditioning=0.5", "train.steps=300", "eval.reference_seed=1",
                    "benchmark.seed=7", "method=lora"):
-        assert records.training_id_of(resolved("benchmark.split=dev", change)) != records.training_id_of(dev), change
+        assert run_identity.training_id_of(resolved("benchmark.split=dev", change)) != run_identity.training_id_of(dev), change
 
 
 def test_reuse_training_from_must_name_folders(tmp_path):
@@ -40,7 +44,7 @@ def test_reuse_training_from_must_name_folders(tmp_path):
     assert resolved(f"reuse_training_from=[{tmp_path}]")["reuse_training_from"] == [str(tmp_path)]
 
 
-@pytest.mark.parametrize("name", registry.trained_methods())
+@pytest.mark.parametrize("name", [m for m in registry.method_names() if m != "base"])
 def test_a_folder_that_adopts_a_finished_run_resumes_exactly_its_trained_model(tiny, tmp_path, name):
     """Every method: the statistics files and final checkpoint copied into a new folder, a fresh model prepared there
     and `train` called resumes at the last step with the donor's losses and every tensor of the donor's model."""
@@ -72,7 +76,7 @@ def test_a_test_run_evaluates_the_dev_run_s_model_and_equals_a_fresh_test_run(ti
     proc = run_cli(["-m", "benchmark.split=dev,test", *common,
                     *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, first, cache)], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    made = {rec["split"]: rec for rec in (json.loads(p.read_text()) for p in first.glob(f"*/{records.RECORD_NAME}"))}
+    made = {rec["split"]: rec for rec in (json.loads(p.read_text()) for p in first.glob(f"*/{layout.RECORD_NAME}"))}
     assert set(made) == {"dev", "test"}
     dev, fresh = made["dev"], made["test"]
     shutil.rmtree(first / fresh["run_id"] / "checkpoints")
@@ -95,15 +99,15 @@ def test_a_test_run_evaluates_the_dev_run_s_model_and_equals_a_fresh_test_run(ti
 def test_a_run_without_its_last_checkpoint_or_made_for_another_training_is_no_donor(tmp_path, caplog):
     def finished(run_id: str, config: dict, steps: int, checkpoint: bool) -> None:
         run_dir = tmp_path / "root" / run_id
-        records.atomic_write_json(run_dir / records.RECORD_NAME, {"run_id": run_id, "status": records.STATUS_COMPLETE,
+        records.atomic_write_json(run_dir / layout.RECORD_NAME, {"run_id": run_id, "status": layout.STATUS_COMPLETE,
                                                                    "config": config, "train": {"steps": steps}})
         if checkpoint:
             records.atomic_write(checkpoint_path(run_dir, steps), lambda fh: fh.write(b"state"))
 
-    dev = records.scientific_config(resolved("benchmark.split=dev"))
-    training = records.training_id_of(dev)
+    dev = run_identity.scientific_config(resolved("benchmark.split=dev"))
+    training = run_identity.training_id_of(dev)
     finished("a-no-checkpoint", dev, 600, checkpoint=False)
-    finished("b-other-seed", records.scientific_config(resolved("benchmark.split=dev", "seed=1")), 600, checkpoint=True)
+    finished("b-other-seed", run_identity.scientific_config(resolved("benchmark.split=dev", "seed=1")), 600, checkpoint=True)
     own = tmp_path / "own"
     with caplog.at_level("INFO", logger="suite.run"):
         assert reuse.find_donor([tmp_path / "root"], training, 600, own) is None

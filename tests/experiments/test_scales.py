@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from experiments.records import RECORD_NAME
+from suite_schema.layout import RECORD_NAME
 from tests.conftest import run_cli, tiny_overrides
 
 
@@ -74,4 +74,4 @@ def test_base_method_ignores_scales(args, tmp_path):
 def test_bad_scales_are_rejected_before_compute(args, value):
     proc = run_cli(args(f"eval.scales={value}"))
     assert proc.returncode == 2
-    assert "eval.scales: invalid value" in proc.stderr and "a non-empty list of distinct numbers in [0, 10]" in proc.stderr
+    assert "error: eval.scales=" in proc.stderr and "is not allowed: a non-empty list of distinct numbers in [0, 10]" in proc.stderr

@@ -11,7 +11,7 @@ from experiments.backbones import load_backbone
 from experiments.config import train_config
 from experiments.methods import RunContext
 from experiments.prompts import code_instruction_prompt, encode_pair
-from experiments.registry import build
+from experiments.methods import build_named
 from experiments.train import (
     DataStream,
     Preempted,
@@ -27,7 +27,7 @@ def setup(backbone_dir, run_dir: Path, method=None):
     bb = backbone_config(backbone_dir, name="tiny", target_modules=["q_proj", "v_proj", "up_proj"])
     model, tok = load_backbone(bb)
     ctx = RunContext(tokenizer=tok, benchmark=None, run_dir=run_dir, seed=0, target_modules=list(bb.target_modules))
-    method = method or build("lora", rank=4, alpha=8)
+    method = method or build_named("lora", rank=4, alpha=8)
     model = method.prepare(model, ctx)
     items = [{"instruction": "Complete the following Python function.", "input": p["prompt"],
               "response": p["canonical_solution"]} for p in tiny_code(10)]
@@ -73,7 +73,7 @@ class SignalAt(LoRA):
     """LoRA that sends itself a signal after a given optimizer step (a kill arriving mid-training)."""
 
     def __init__(self, at_step, signum, **kw):
-        super().__init__(build("lora", **kw).params)
+        super().__init__(build_named("lora", **kw).params)
         self.at_step, self.signum = at_step, signum
 
     def after_step(self, model, ctx):

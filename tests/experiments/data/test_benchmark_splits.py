@@ -8,9 +8,10 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments.config import ConfigError, validate_config
+from experiments.config import validate_config
 from experiments.data.benchmark import build_benchmark, in_holdout, item_text
 from experiments.data.dedup import normalise_text
+from experiments.validation import ConfigError
 from tests.conftest import REPO, tiny_math, write_jsonl
 
 CONF = str(REPO / "conf")

@@ -178,7 +178,7 @@ def test_config_is_a_structured_config_and_cache_dir_resolves(monkeypatch, tmp_p
     node.n_samples = 4
     cfg = as_eval_config(node).validate()
     assert cfg.pass_k == [1, 4] and cfg.max_new_tokens("choice") == cfg.max_new_tokens_choice
-    with pytest.raises(ValueError, match="unknown key"):
+    with pytest.raises(ValueError, match=r"eval.bogus=1 is not allowed: a key of the eval config"):
         as_eval_config({"bogus": 1})
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "env"))
     assert resolve_cache_dir(None) == tmp_path / "env"

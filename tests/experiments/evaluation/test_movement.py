@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments.evaluation.movement import main, movement, token_kl
-from experiments.records import RECORD_NAME
+from suite_schema.layout import RECORD_NAME
 from tests.conftest import run_cli, tiny_overrides
 
 
