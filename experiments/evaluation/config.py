@@ -63,7 +63,7 @@ class EvalConfig:
     # Not part of the run id: adding scales to a finished run evaluates only the missing ones.
     scales: List[float] = MISSING
 
-    # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
+    # Sandbox limits for every generated program (see the `sandbox` package).
     sandbox_timeout_s: float = MISSING  # wall-clock limit per program
     sandbox_cpu_seconds: int = MISSING
     sandbox_memory_mb: int = MISSING
@@ -161,7 +161,7 @@ class EvalConfig:
 
     def sandbox_limits(self):
         """The `SandboxLimits` every generated program runs under."""
-        from experiments.evaluation.sandbox import SandboxLimits
+        from sandbox import SandboxLimits
 
         return SandboxLimits(
             wall_seconds=float(self.sandbox_timeout_s),

@@ -164,7 +164,7 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
 def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing, samples) -> dict:
     from experiments.evaluation.code_completion import build_check
     from experiments.evaluation.pass_at_k import summarize_pass_at_k
-    from experiments.evaluation.sandbox import check_solutions, isolation_report
+    from sandbox import check_solutions, isolation_report
 
     # Before any generation: a machine where no sandbox mode works (or where the interpreter's
     # imports would fail inside) stops here with the reason instead of scoring every solution 0.

@@ -33,7 +33,7 @@ def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: 
     from experiments.data.benchmark import build_benchmark
     from experiments.evaluation.code_completion import build_check
     from experiments.evaluation.config import as_eval_config
-    from experiments.evaluation.sandbox import check_solutions
+    from sandbox import check_solutions
 
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)

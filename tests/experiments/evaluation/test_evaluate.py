@@ -111,7 +111,7 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
 
 
 def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tmp_path, monkeypatch):
-    from experiments.evaluation import sandbox
+    import sandbox
 
     model, tok = lm
     generated = []

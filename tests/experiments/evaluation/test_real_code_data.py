@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from experiments.evaluation.code_completion import build_check, mbpp_to_humaneval
-from experiments.evaluation.sandbox import SandboxLimits, check_solutions
+from sandbox import SandboxLimits, check_solutions
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)

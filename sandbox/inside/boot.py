@@ -1,6 +1,6 @@
 """Child-side bootstrap of one sandboxed process (see ``docs/sandbox.md``).
 
-Started by :mod:`experiments.evaluation.sandbox` as ``python -I -S -c 'import boot; boot.main()'``
+Started by :mod:`sandbox` as ``python -I -S -c 'import boot; boot.main()'``
 (with this directory first on ``sys.path``, so that the compiled module is used), inside
 bubblewrap or, in the degraded modes, directly. Standard library only, nothing heavy imported: it runs twice
 per checked solution (once for the test, once for the solution) and its start-up time is the

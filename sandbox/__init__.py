@@ -22,8 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Sequence
 
-from experiments.evaluation.sandbox import isolation
-from experiments.evaluation.sandbox.run import STATUSES, Check, ExecutionResult, SandboxLimits, run_pair
+from sandbox import isolation
+from sandbox.run import STATUSES, Check, ExecutionResult, SandboxLimits, run_pair
 
 __all__ = [
     "STATUSES",

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.evaluation import sandbox
-from experiments.evaluation.sandbox import Check, ExecutionResult, SandboxLimits, check_solution, check_solutions, isolation_report
-from tests.experiments.evaluation.sandbox_helpers import CANARY, call_check, cmdline, load_check
+import sandbox
+from sandbox import Check, ExecutionResult, SandboxLimits, check_solution, check_solutions, isolation_report
+from tests.sandbox.sandbox_helpers import CANARY, call_check, cmdline, load_check
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096, max_processes=16)
 
@@ -567,7 +567,7 @@ def test_missing_bubblewrap_is_named_and_root_never_falls_back_to_plain(forced_m
 
 
 def test_the_sandbox_module_does_not_import_heavy_libraries():
-    code = "import sys\nimport experiments.evaluation.sandbox\nprint(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
+    code = "import sys\nimport sandbox\nprint(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
