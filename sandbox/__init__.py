@@ -20,7 +20,7 @@ import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sandbox import isolation
 from sandbox.run import STATUSES, Check, ExecutionResult, SandboxLimits, run_pair
@@ -119,11 +119,13 @@ def check_solutions(
     checks: Sequence[Check],
     limits: SandboxLimits = SandboxLimits(),
     workers: int = 2,
-    progress: bool = False,
+    on_result: Callable[[ExecutionResult], None] | None = None,
 ) -> list[ExecutionResult]:
     """:func:`check_solution` over many checks with at most ``workers`` running at once.
 
-    Results come back in the order of ``checks``. ``progress`` shows a tqdm bar on stderr.
+    Results come back in the order of ``checks``. ``on_result`` (a progress bar's update, for
+    instance) is called with each result as its check finishes, in the order they finish, in the
+    calling thread.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -132,19 +134,11 @@ def check_solutions(
     results: list[ExecutionResult | None] = [None] * len(checks)
     with contextlib.suppress(RuntimeError):  # each result then reports the sandbox_error
         _get_plan()  # detect once, before the threads start
-    bar = None
-    if progress:
-        from experiments.progress import progress_bar
-
-        bar = progress_bar(total=len(checks), desc="sandbox", unit="check")
-    try:
-        with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
-            futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
+        futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_result is not None:
+                on_result(result)
     return [r for r in results if r is not None]
