@@ -19,7 +19,7 @@ import ast
 import re
 import warnings
 
-from sandbox.run import Check
+from sandbox import Check
 
 __all__ = ["build_check", "mbpp_to_humaneval", "truncate_completion"]
 

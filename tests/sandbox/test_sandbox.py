@@ -486,11 +486,11 @@ def test_isolation_report_is_consistent(report):
 def forced_mode(monkeypatch):
     def force(mode: str) -> None:
         monkeypatch.setenv("ATLAS_SANDBOX_MODE", mode)
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()
 
     yield force
     monkeypatch.delenv("ATLAS_SANDBOX_MODE", raising=False)
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
 
 
 def _userns_bwrap_available() -> bool:
@@ -561,7 +561,7 @@ def test_missing_bubblewrap_is_named_and_root_never_falls_back_to_plain(forced_m
     monkeypatch.setattr(sandbox.isolation.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
     monkeypatch.setattr(sandbox.isolation, "interpreter_dirs", lambda: ["/nonexistent-unreachable/python"])
     monkeypatch.setattr(sandbox.isolation, "hidden_ancestors", lambda paths: ["/nonexistent-unreachable"])
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
     result = check_solution(CANARY, FAST)
     assert result.status == "sandbox_error"
     assert "bubblewrap (the bwrap program) is not installed" in result.reason and "cannot traverse" in result.reason

@@ -505,8 +505,8 @@ def test_imports_that_would_break_fail_loudly(monkeypatch, report):
     real_site, real_interpreter = sandbox.isolation.site_dirs(), sandbox.isolation.interpreter_dirs()
     monkeypatch.setattr(sandbox.isolation, "site_dirs", lambda: real_site + [str(REPO / "tests")])
     monkeypatch.setattr(sandbox.isolation, "interpreter_dirs", lambda: real_interpreter)
-    monkeypatch.setattr(sandbox.isolation, "_site_probe_modules", lambda: {str(REPO / "tests"): "conftest"})
-    sandbox._reset_for_tests()
+    monkeypatch.setattr(sandbox.probe, "_site_probe_modules", lambda: {str(REPO / "tests"): "conftest"})
+    sandbox.probe.reset()
     try:
         with pytest.raises(RuntimeError, match="imports of installed packages would fail inside the sandbox"):
             isolation_report()
@@ -514,4 +514,4 @@ def test_imports_that_would_break_fail_loudly(monkeypatch, report):
         assert result.status == "sandbox_error" and f"mode {mode!r} unavailable" in result.reason
     finally:
         monkeypatch.undo()
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()

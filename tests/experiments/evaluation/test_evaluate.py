@@ -120,14 +120,14 @@ def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tm
     real = ev._timed_generate
     monkeypatch.setattr(ev, "_timed_generate", lambda *a, **k: generated.append(k.get("desc")) or real(*a, **k))
     monkeypatch.setenv("ATLAS_SANDBOX_MODE", "no-such-mode")
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
     try:
         with pytest.raises(RuntimeError, match="no sandbox mode works on this machine"):
             ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False, progress=False)
         assert not [d for d in generated if d and d.startswith("code")]
     finally:
         monkeypatch.delenv("ATLAS_SANDBOX_MODE")
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()
 
 
 def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):
