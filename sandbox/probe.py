@@ -76,7 +76,7 @@ def current_report() -> dict:
 
 
 def reset() -> None:
-    """Forget the detected plan, so that the next check detects again (tests switch modes through ATLAS_SANDBOX_MODE)."""
+    """Forget the detected plan: the next check detects again (tests switch modes through ATLAS_SANDBOX_MODE)."""
     global _plan, _report, _plan_error
     with _plan_lock:
         _plan = None
