@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from experiments.evaluation.code_completion import build_check
-    from experiments.evaluation.sandbox import check_solutions, isolation_report
+    from sandbox import check_solutions, isolation_report
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", default="micro", choices=["micro", "humaneval"])

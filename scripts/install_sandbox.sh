@@ -30,9 +30,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 fi
 log "$(bwrap --version)"
-if python -c "import experiments" 2>/dev/null; then
+if python -c "import sandbox" 2>/dev/null; then
     python -c "
-from experiments.evaluation.sandbox import isolation_report
+from sandbox import isolation_report
 r = isolation_report()
 print('[install_sandbox] sandbox mode', repr(r['mode']), '| files hidden:', r['files_hidden'], '| network isolated:', r['network_isolated'],
       '| memory bounded in total:', r['memory_bounded_in_total'])"

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from experiments.data.mbpp_conversion import mbpp_to_humaneval
 from experiments.validation import ConfigError
 
 _SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
@@ -142,8 +143,6 @@ def normalise_choice(record: dict, where: str = "choice") -> dict:
 def normalise_code_problem(record: dict, where: str = "code") -> dict:
     """HumanEval record as is; MBPP record (`text`/`prompt` + `test_list`) converted to HumanEval format."""
     if "test_list" in record:
-        from experiments.evaluation.code_completion import mbpp_to_humaneval
-
         return mbpp_to_humaneval(record)
     _require(record, ("task_id", "prompt", "canonical_solution", "test", "entry_point"), "HumanEval", where)
     return {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}

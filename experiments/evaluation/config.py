@@ -14,8 +14,8 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from experiments.evaluation.sandbox import SandboxLimits  # MERGE-TODO: sandbox.types
 from experiments.validation import is_int, is_number, require
+from sandbox.types import SandboxLimits
 from suite_schema import registry
 
 DEFAULT_CACHE_SUBDIR = Path(".cache") / "atlas-suite" / "reference"
@@ -66,7 +66,7 @@ class EvalConfig:
     # Not part of the run id: adding scales to a finished run evaluates only the missing ones.
     scales: List[float] = MISSING
 
-    # Sandbox limits for every generated program (see experiments.evaluation.sandbox).
+    # Sandbox limits for every generated program (see the `sandbox` package).
     sandbox_timeout_s: float = MISSING  # wall-clock limit per program
     sandbox_cpu_seconds: int = MISSING
     sandbox_memory_mb: int = MISSING

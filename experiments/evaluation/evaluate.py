@@ -37,6 +37,7 @@ from experiments.evaluation.generation import generate, pad_token_id
 from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, get_reference
 from experiments.evaluation.retained_kl import retained_kl
 from experiments.evaluation.scoring import score_choices
+from experiments.progress import progress_bar
 
 
 def evaluate_run(
@@ -164,7 +165,7 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
 def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing, samples) -> dict:
     from experiments.evaluation.code_completion import build_check
     from experiments.evaluation.pass_at_k import summarize_pass_at_k
-    from experiments.evaluation.sandbox import check_solutions, isolation_report
+    from sandbox import check_solutions, isolation_report
 
     # Before any generation: a machine where no sandbox mode works (or where the interpreter's
     # imports would fail inside) stops here with the reason instead of scoring every solution 0.
@@ -182,7 +183,8 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
         # build_check truncates the completion itself (and handles whole-function answers).
         checks = [build_check(p, text) for p, text in zip(problem_list, texts)]
         t = time.perf_counter()
-        results = check_solutions(checks, limits, workers=cfg.sandbox_workers, progress=progress)
+        with progress_bar(total=len(checks), desc="sandbox", unit="check", disable=not progress) as bar:
+            results = check_solutions(checks, limits, workers=cfg.sandbox_workers, on_result=lambda _: bar.update(1))
         execution_s += time.perf_counter() - t
         broken = [r for r in results if r.status == "sandbox_error"]
         if broken:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from experiments import records
+from experiments.progress import progress_bar
 from suite_schema import layout
 
 
@@ -34,7 +35,7 @@ def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: 
     from experiments.data.benchmark import build_benchmark
     from experiments.evaluation.code_completion import build_check
     from experiments.evaluation.config import as_eval_config
-    from experiments.evaluation.sandbox import check_solutions
+    from sandbox import check_solutions
 
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)
@@ -52,8 +53,9 @@ def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: 
     if missing:
         raise ValueError(f"{run_dir}: {len(missing)} task ids are not in the benchmark as configured now, e.g. {missing[0]}")
     limits = as_eval_config(config["eval"]).sandbox_limits()
-    results = check_solutions([build_check(problems[s["task_id"]], s["completion"]) for s in samples], limits,
-                              workers=workers, progress=progress)
+    checks = [build_check(problems[s["task_id"]], s["completion"]) for s in samples]
+    with progress_bar(total=len(checks), desc="sandbox", unit="check", disable=not progress) as bar:
+        results = check_solutions(checks, limits, workers=workers, on_result=lambda _: bar.update(1))
     changed = [
         {"task_id": s["task_id"], "index": s["index"], "old": s["status"], "new": r.status, "old_reason": s["reason"],
          "new_reason": r.reason}

@@ -87,7 +87,7 @@ def completions_pass(problems: Sequence[dict], completions: Sequence[str]) -> li
     the sandbox cannot run here (a check that could not run is not a failed solution).
     """
     from experiments.evaluation.code_completion import build_check
-    from experiments.evaluation.sandbox import check_solutions
+    from sandbox import check_solutions
 
     results = check_solutions([build_check(p, c) for p, c in zip(problems, completions)])
     broken = [r.reason for r in results if r.status == "sandbox_error"]

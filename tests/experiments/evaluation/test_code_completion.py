@@ -7,8 +7,9 @@ import ast
 
 import pytest
 
-from experiments.evaluation.code_completion import build_check, mbpp_to_humaneval, truncate_completion
-from experiments.evaluation.sandbox import SandboxLimits, check_solutions
+from experiments.data.mbpp_conversion import mbpp_to_humaneval
+from experiments.evaluation.code_completion import build_check, truncate_completion
+from sandbox import SandboxLimits, check_solutions
 
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=5)
 

@@ -88,8 +88,9 @@ def test_adapted_model_kl_matches_live_computation(lm, tmp_path):
     assert res["target"]["n_problems"] == 1
 
 
-def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
-    """Greedy completions: the right body for one problem, a wrong one for the other -> pass@1 = 0.5."""
+def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch, capsys):
+    """Greedy completions: the right body for one problem, a wrong one for the other -> pass@1 = 0.5; the checks
+    advance a progress bar of their own."""
     model, tok = lm
     real = ev._timed_generate
 
@@ -101,7 +102,8 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev, "_timed_generate", fake)
     res = ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False,
-                          progress=False)
+                          progress=True)
+    assert "sandbox: 100%" in capsys.readouterr().err
     assert res["target"]["pass@1"] == pytest.approx(0.5)
     assert res["target"]["n_problems"] == 2 and res["target"]["failures"] == {"failed": 1}
     assert res["target"]["sandbox"]["separate_test_process"] and res["target"]["sandbox"]["mode"]
@@ -111,21 +113,21 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch):
 
 
 def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tmp_path, monkeypatch):
-    from experiments.evaluation import sandbox
+    import sandbox
 
     model, tok = lm
     generated = []
     real = ev._timed_generate
     monkeypatch.setattr(ev, "_timed_generate", lambda *a, **k: generated.append(k.get("desc")) or real(*a, **k))
     monkeypatch.setenv("ATLAS_SANDBOX_MODE", "no-such-mode")
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
     try:
         with pytest.raises(RuntimeError, match="no sandbox mode works on this machine"):
             ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path), "tiny/e2e", chat_template=False, progress=False)
         assert not [d for d in generated if d and d.startswith("code")]
     finally:
         monkeypatch.delenv("ATLAS_SANDBOX_MODE")
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()
 
 
 def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):

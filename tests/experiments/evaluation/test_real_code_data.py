@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.evaluation.code_completion import build_check, mbpp_to_humaneval
-from experiments.evaluation.sandbox import SandboxLimits, check_solutions
+from experiments.data.mbpp_conversion import mbpp_to_humaneval
+from experiments.evaluation.code_completion import build_check
+from sandbox import SandboxLimits, check_solutions
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from experiments.evaluation import sandbox
-from experiments.evaluation.sandbox import Check, ExecutionResult, SandboxLimits, check_solution, check_solutions, isolation_report
-from tests.experiments.evaluation.sandbox_helpers import CANARY, call_check, cmdline, load_check
+import sandbox
+from sandbox import Check, ExecutionResult, SandboxLimits, check_solution, check_solutions, isolation_report
+from tests.sandbox.sandbox_helpers import CANARY, call_check, cmdline, load_check
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096, max_processes=16)
 
@@ -220,15 +220,16 @@ def test_check_solutions_keeps_order_and_runs_in_parallel():
     assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:])), f"no two checks overlapped: {spans}"
 
 
-def test_check_solutions_edge_cases(capsys):
+def test_check_solutions_edge_cases():
     assert check_solutions([], FAST) == []
     with pytest.raises(ValueError, match="workers"):
         check_solutions([CANARY], FAST, workers=0)
     invalid = Check("x", "y", "f", invalid="the completion does not parse with its prompt")
-    results = check_solutions([CANARY, call_check("assert False"), invalid], FAST, workers=4, progress=True)
+    finished = []
+    results = check_solutions([CANARY, call_check("assert False"), invalid], FAST, workers=4, on_result=finished.append)
     assert [r.status for r in results] == ["passed", "failed", "invalid"]
     assert results[2].reason == invalid.invalid and results[2].returncode is None
-    assert "sandbox" in capsys.readouterr().err
+    assert sorted(map(id, finished)) == sorted(map(id, results))  # each result reported once, as its check finished
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,11 +486,11 @@ def test_isolation_report_is_consistent(report):
 def forced_mode(monkeypatch):
     def force(mode: str) -> None:
         monkeypatch.setenv("ATLAS_SANDBOX_MODE", mode)
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()
 
     yield force
     monkeypatch.delenv("ATLAS_SANDBOX_MODE", raising=False)
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
 
 
 def _userns_bwrap_available() -> bool:
@@ -560,14 +561,14 @@ def test_missing_bubblewrap_is_named_and_root_never_falls_back_to_plain(forced_m
     monkeypatch.setattr(sandbox.isolation.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
     monkeypatch.setattr(sandbox.isolation, "interpreter_dirs", lambda: ["/nonexistent-unreachable/python"])
     monkeypatch.setattr(sandbox.isolation, "hidden_ancestors", lambda paths: ["/nonexistent-unreachable"])
-    sandbox._reset_for_tests()
+    sandbox.probe.reset()
     result = check_solution(CANARY, FAST)
     assert result.status == "sandbox_error"
     assert "bubblewrap (the bwrap program) is not installed" in result.reason and "cannot traverse" in result.reason
 
 
 def test_the_sandbox_module_does_not_import_heavy_libraries():
-    code = "import sys\nimport experiments.evaluation.sandbox\nprint(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])
+    code = "import sys\nimport sandbox\nprint(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

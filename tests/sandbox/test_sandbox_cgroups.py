@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.evaluation.sandbox import cgroups
+from sandbox import cgroups
 
 
 @pytest.fixture(scope="module")

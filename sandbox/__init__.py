@@ -16,14 +16,12 @@ Public API: :class:`Check`, :class:`SandboxLimits`, :class:`ExecutionResult`, :d
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Sequence
+from typing import Callable, Sequence
 
-from experiments.evaluation.sandbox import isolation
-from experiments.evaluation.sandbox.run import STATUSES, Check, ExecutionResult, SandboxLimits, run_pair
+from sandbox import probe
+from sandbox.run import run_pair
+from sandbox.types import STATUSES, Check, ExecutionResult, SandboxLimits
 
 __all__ = [
     "STATUSES",
@@ -34,55 +32,6 @@ __all__ = [
     "check_solutions",
     "isolation_report",
 ]
-
-log = isolation.log
-
-_plan_lock = threading.Lock()
-_plan: isolation.Plan | None = None
-_report: dict | None = None
-_plan_error: str | None = None
-
-
-def _get_plan() -> isolation.Plan:
-    global _plan, _report, _plan_error
-    if _plan is not None:
-        return _plan
-    with _plan_lock:
-        if _plan is not None:
-            return _plan
-        if _plan_error is not None:
-            raise RuntimeError(_plan_error)
-        forced = os.environ.get(isolation.MODE_ENV)
-        modes = (forced,) if forced else (isolation.MODES_ROOT if os.geteuid() == 0 else isolation.MODES_USER)
-        fallbacks: list[str] = []
-        for mode in modes:
-            try:
-                plan = isolation.make_plan(mode)
-                facts = isolation.probe(plan, run_pair)
-            except Exception as exc:  # noqa: BLE001 - every failure is a reason to fall back
-                fallbacks.append(f"mode {mode!r} unavailable: {type(exc).__name__}: {exc}")
-                continue
-            report = isolation.describe(plan, facts, fallbacks)
-            if mode != modes[0] or not report["files_hidden"] or not report["network_isolated"]:
-                log.warning("sandbox running in degraded mode %r (files hidden: %s, network isolated: %s): %s", mode,
-                            report["files_hidden"], report["network_isolated"], "; ".join(fallbacks) or "forced")
-            if not report["processes_limited"]:
-                log.warning("sandbox runs solutions as root without a process limit: fork bombs are bounded only by the wall clock")
-            if not report["memory_bounded_in_total"]:
-                log.warning("sandbox memory is bounded per process only: %s", report["memory_limit"])
-            _report, _plan = report, plan
-            return plan
-        _plan_error = "no sandbox mode works on this machine: " + "; ".join(fallbacks)
-        raise RuntimeError(_plan_error)
-
-
-def _reset_for_tests() -> None:
-    """Forget the detected plan (tests switch modes through ATLAS_SANDBOX_MODE)."""
-    global _plan, _report, _plan_error
-    with _plan_lock:
-        _plan = None
-        _report = None
-        _plan_error = None
 
 
 def isolation_report() -> dict:
@@ -99,9 +48,7 @@ def isolation_report() -> dict:
     observations). Raises RuntimeError when no mode works, for instance when the interpreter's
     imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
     """
-    _get_plan()
-    assert _report is not None
-    return json.loads(json.dumps(_report))
+    return probe.current_report()
 
 
 def check_solution(check: Check, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
@@ -109,7 +56,7 @@ def check_solution(check: Check, limits: SandboxLimits = SandboxLimits()) -> Exe
     if check.invalid is not None:
         return ExecutionResult(False, "invalid", check.invalid, None, 0.0)
     try:
-        plan = _get_plan()
+        plan = probe.detected_plan()
     except RuntimeError as exc:
         return ExecutionResult(False, "sandbox_error", str(exc), None, 0.0)
     return run_pair(plan, check, limits)
@@ -119,11 +66,13 @@ def check_solutions(
     checks: Sequence[Check],
     limits: SandboxLimits = SandboxLimits(),
     workers: int = 2,
-    progress: bool = False,
+    on_result: Callable[[ExecutionResult], None] | None = None,
 ) -> list[ExecutionResult]:
     """:func:`check_solution` over many checks with at most ``workers`` running at once.
 
-    Results come back in the order of ``checks``. ``progress`` shows a tqdm bar on stderr.
+    Results come back in the order of ``checks``. ``on_result`` (a progress bar's update, for
+    instance) is called with each result as its check finishes, in the order they finish, in the
+    calling thread.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
@@ -131,20 +80,12 @@ def check_solutions(
         return []
     results: list[ExecutionResult | None] = [None] * len(checks)
     with contextlib.suppress(RuntimeError):  # each result then reports the sandbox_error
-        _get_plan()  # detect once, before the threads start
-    bar = None
-    if progress:
-        from experiments.progress import progress_bar
-
-        bar = progress_bar(total=len(checks), desc="sandbox", unit="check")
-    try:
-        with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
-            futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+        probe.detected_plan()  # detect once, before the threads start
+    with ThreadPoolExecutor(max_workers=min(workers, len(checks))) as pool:
+        futures = {pool.submit(check_solution, check, limits): i for i, check in enumerate(checks)}
+        for future in as_completed(futures):
+            result = future.result()
+            results[futures[future]] = result
+            if on_result is not None:
+                on_result(result)
     return [r for r in results if r is not None]

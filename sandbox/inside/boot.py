@@ -1,6 +1,6 @@
 """Child-side bootstrap of one sandboxed process (see ``docs/sandbox.md``).
 
-Started by :mod:`experiments.evaluation.sandbox` as ``python -I -S -c 'import boot; boot.main()'``
+Started by :mod:`sandbox` as ``python -I -S -c 'import boot; boot.main()'``
 (with this directory first on ``sys.path``, so that the compiled module is used), inside
 bubblewrap or, in the degraded modes, directly. Standard library only, nothing heavy imported: it runs twice
 per checked solution (once for the test, once for the solution) and its start-up time is the
@@ -68,7 +68,7 @@ class Status:
 
 
 def _prctl(option, value):
-    import ctypes
+    import ctypes  # here, not at the top: ctypes is slow to load and only some modes call prctl (start-up time)
 
     libc = ctypes.CDLL(None, use_errno=True)
     c_ulong = ctypes.c_ulong
@@ -121,7 +121,7 @@ def _descendants(pid):
 
 def _kill_descendants():
     """Without a PID namespace: kill what the role's process left running (we are its subreaper)."""
-    import signal
+    import signal  # here, not at the top: needed only without a PID namespace (start-up time)
 
     for _ in range(1000):
         pids = _descendants(os.getpid())

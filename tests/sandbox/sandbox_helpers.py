@@ -10,7 +10,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from experiments.evaluation.sandbox import Check
+from sandbox import Check
 
 CALL_TEST = "def check(candidate):\n    candidate()\n"
 CANARY = Check(solution="def f(x):\n    print('canary')\n    return sum(range(x))\n",

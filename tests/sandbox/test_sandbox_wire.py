@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-_WIRE = Path(__file__).resolve().parents[3] / "experiments" / "evaluation" / "sandbox" / "inside" / "wire.py"
+_WIRE = Path(__file__).resolve().parents[2] / "sandbox" / "inside" / "wire.py"
 _spec = importlib.util.spec_from_file_location("sandbox_inside_wire", _WIRE)
 wire = importlib.util.module_from_spec(_spec)  # the file the sandboxed processes import as `wire`
 _spec.loader.exec_module(wire)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from experiments.evaluation.code_completion import build_check
-from experiments.evaluation.sandbox import SandboxLimits, check_solution, check_solutions, cgroups, isolation_report
+from sandbox import SandboxLimits, check_solution, check_solutions, cgroups, isolation_report
 from tests.conftest import MICRO_DATA, REPO, SHARED_DATA
 
 LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5, memory_mb=512, max_processes=32)
@@ -478,7 +478,7 @@ def test_a_virtual_environment_under_tmp_imports_its_packages(tmp_path, report):
     Path(site, "atlas_tmp_venv_probe.py").write_text("ANSWER = 3\n")
     script = textwrap.dedent("""
         import json
-        from experiments.evaluation.sandbox import Check, check_solution, isolation_report
+        from sandbox import Check, check_solution, isolation_report
         solution = "import atlas_tmp_venv_probe\\ndef f(n):\\n    return n + atlas_tmp_venv_probe.ANSWER\\n"
         result = check_solution(Check(solution, "def check(candidate):\\n    assert candidate(1) == 4\\n", "f"))
         report = isolation_report()
@@ -496,7 +496,7 @@ def test_a_virtual_environment_under_tmp_imports_its_packages(tmp_path, report):
 
 
 def test_imports_that_would_break_fail_loudly(monkeypatch, report):
-    from experiments.evaluation import sandbox
+    import sandbox
 
     _needs_bubblewrap(report)
     # A site-packages directory the sandbox does not expose: the probe must refuse the mode.
@@ -505,8 +505,8 @@ def test_imports_that_would_break_fail_loudly(monkeypatch, report):
     real_site, real_interpreter = sandbox.isolation.site_dirs(), sandbox.isolation.interpreter_dirs()
     monkeypatch.setattr(sandbox.isolation, "site_dirs", lambda: real_site + [str(REPO / "tests")])
     monkeypatch.setattr(sandbox.isolation, "interpreter_dirs", lambda: real_interpreter)
-    monkeypatch.setattr(sandbox.isolation, "_site_probe_modules", lambda: {str(REPO / "tests"): "conftest"})
-    sandbox._reset_for_tests()
+    monkeypatch.setattr(sandbox.probe, "_site_probe_modules", lambda: {str(REPO / "tests"): "conftest"})
+    sandbox.probe.reset()
     try:
         with pytest.raises(RuntimeError, match="imports of installed packages would fail inside the sandbox"):
             isolation_report()
@@ -514,4 +514,4 @@ def test_imports_that_would_break_fail_loudly(monkeypatch, report):
         assert result.status == "sandbox_error" and f"mode {mode!r} unavailable" in result.reason
     finally:
         monkeypatch.undo()
-        sandbox._reset_for_tests()
+        sandbox.probe.reset()
