@@ -4,8 +4,10 @@ a killed process is taken over."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,29 +19,87 @@ from tests.conftest import REPO, run_cli, tiny_overrides
 def test_a_second_holder_is_refused_with_the_first_ones_name(tmp_path):
     with hold(tmp_path / "run"):
         who = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
-        assert who["pid"] == os.getpid()
-        with pytest.raises(RunBusyError, match=f"is being run by pid {os.getpid()} on "):
-            with hold(tmp_path / "run"):
-                pass
+        assert who["pid"] == os.getpid() and who["host"] == socket.gethostname()
+        for _ in range(2):  # a refused attempt leaves the holder's name in place for the next one
+            with pytest.raises(RunBusyError, match=f"is being run by pid {os.getpid()} on {socket.gethostname()} "):
+                with hold(tmp_path / "run"):
+                    pass
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text()) == who
     with hold(tmp_path / "run"):  # released: taken again
         pass
 
 
-def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
-    code = ("import sys, time; from experiments.run_lock import hold\n"
-            "with hold(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "run")], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True)
+HOLD_FOR = ("import sys, time; from experiments.run_lock import hold\n"
+            "with hold(sys.argv[1]):\n    print('held', flush=True); time.sleep(float(sys.argv[2]))\n")
+
+
+def _holding_process(run_dir, seconds):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_FOR, str(run_dir), str(seconds)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _wait_for_lock(run_dir, limit=60.0):
+    """(time.monotonic() when `hold(run_dir, wait=True)` got the lock, the lock file's content then); the wait runs
+    in a thread so that one which never ends fails after `limit` seconds instead of hanging the tests."""
+    out = {}
+
+    def waiter():
+        try:
+            with hold(run_dir, wait=True):
+                out["at"] = time.monotonic()
+                out["who"] = json.loads((run_dir / LOCK_NAME).read_text())
+        except BaseException as exc:  # reported by the test below
+            out["error"] = exc
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), f"hold(wait=True) did not get the lock within {limit} s"
+    assert "error" not in out, out.get("error")
+    return out["at"], out["who"]
+
+
+def test_waiting_takes_the_lock_when_the_holder_finishes(tmp_path):
+    proc = _holding_process(tmp_path / "run", 1.5)
+    held_at = time.monotonic()
     try:
-        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(RunBusyError, match=f"pid {proc.pid}"):
+            with hold(tmp_path / "run"):
+                pass
+        at, who = _wait_for_lock(tmp_path / "run")
+        assert at - held_at >= 1.4 and who["pid"] == os.getpid()  # only once the holder let go
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_waiting_takes_the_lock_of_a_holder_killed_meanwhile(tmp_path):
+    proc = _holding_process(tmp_path / "run", 600)
+    held_at = time.monotonic()
+    threading.Timer(1.0, proc.send_signal, (signal.SIGKILL,)).start()
+    try:
+        at, who = _wait_for_lock(tmp_path / "run")
+        assert at - held_at >= 0.9 and who["pid"] == os.getpid()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
+    proc = _holding_process(tmp_path / "run", 60)
+    try:
         with pytest.raises(RunBusyError, match=f"pid {proc.pid}"):
             with hold(tmp_path / "run"):
                 pass
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    with hold(tmp_path / "run"):
-        pass
+    with hold(tmp_path / "run"):  # the file still names the killed process: the lock, not the name, decides
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
 def test_a_second_launch_of_a_running_run_stops_with_exit_3(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
