@@ -15,7 +15,7 @@ from typing import Iterator
 
 from tests.conftest import REPO
 
-PACKAGES = ("atlas", "baselines", "experiments", "analysis", "hydra_plugins", "bench", "tools")
+PACKAGES = ("atlas", "baselines", "experiments", "analysis", "hydra_plugins", "sandbox", "suite_schema", "bench", "tools")
 SCRIPTS = ("run.py",)
 OWN = set(PACKAGES) | {Path(s).stem for s in SCRIPTS}
 
