@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
+from scipy.stats import binom
 
 from atlas.atlas import EPS
 from atlas.footprint import ALL_MODULES
@@ -461,11 +462,8 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> Option
     least `confidence`, or the range (k = 1) with its smaller coverage where n is too small for that (n <= 5 at 0.95).
 
     Returns {"low", "high", "coverage", "k"}; None for fewer than 2 values. It assumes only that the values are
-    independent draws (here: timed rounds), not their distribution. Written out because the suite does not depend
-    on scipy, and the interval is a binomial sum over order statistics.
+    independent draws (here: timed rounds), not their distribution.
     """
-    import math
-
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"median_interval: confidence={confidence}; must be in (0, 1)")
     xs = sorted(float(v) for v in values)
@@ -474,7 +472,7 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> Option
         return None
 
     def coverage(k: int) -> float:  # P(x_(k) <= median <= x_(n+1-k)) = 1 - 2 P(Bin(n, 1/2) <= k - 1)
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
+        return 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
 
     k = 1
     while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= confidence:
