@@ -65,11 +65,10 @@ import torch
 from atlas.atlas import EPS
 from atlas.layer import AtlasLinear, AtlasSite
 from bench.common import REPO, command_line, environment, interval_verdict, median_interval, summary, table, write_json
-from suite_schema import run_identity
+from suite_schema import registry, run_identity
 
 SCRIPT = "throughput"
-DEFAULT_METHODS = ("fullft", "lora", "atlas", "olora", "replay", "ewc", "lwf", "corda", "inflora", "dora", "pissa",
-                   "milora", "loranull")
+DEFAULT_METHODS = tuple(registry.trained_methods())  # every method a comparison trains (suite_schema.registry)
 TARGETS = {"lora": 1.0, "atlas": 0.8}  # share of plain full fine-tuning's tokens/s
 
 
@@ -341,9 +340,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if not (REPO / "conf" / "method" / f"{m}.yaml").is_file()]
+    unknown = [m for m in methods if m not in registry.method_names()]
     if unknown:
-        raise SystemExit(f"error: --methods: {unknown} not in conf/method")
+        raise SystemExit(f"error: --methods: {unknown} not in conf/method (registered: {registry.method_names()})")
     if args.layers and not args.shape:
         raise SystemExit("error: --layers needs --shape (the backbone's own model keeps its layers)")
     if args.shape:

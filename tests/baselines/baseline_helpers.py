@@ -10,9 +10,8 @@ from baselines.common import lora_layers
 from experiments.backbones import load_model
 from experiments.calibration import pair_example, reference_pairs
 from experiments.job import run_context as job_context
-from experiments.methods import RunContext
+from experiments.methods import RunContext, build_named
 from experiments.prompts import collate
-from experiments.methods import build_named
 from experiments.train import seed_everything
 
 

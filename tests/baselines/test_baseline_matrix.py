@@ -1,19 +1,24 @@
-"""Every method through the one training loop on the tiny backbone: the loss falls, the export reloads onto a
-fresh base with the same outputs, post-hoc scale 0 is the base; and one CLI sweep writes a record per method."""
+"""The method matrix: one row per method that trains (ATLAS, the baselines and the methods beyond the paper), with
+what its record must show against LoRA's. Every method through the one training loop on the tiny backbone: the loss
+falls, the export reloads onto a fresh base with the same outputs, post-hoc scale 0 is the base; and one CLI sweep
+writes a complete record per method, each as its row says. Adding a method adds its row here (a registered method
+without one fails `test_every_trained_method_has_a_row`)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 import torch
 
-from experiments.methods import build_named
-from suite_schema import registry
 from experiments.backbones import model_summary
 from experiments.config import train_config
-from suite_schema.layout import RECORD_NAME
+from experiments.methods import build_named
 from experiments.train import train
+from suite_schema import registry
+from suite_schema.layout import RECORD_NAME
 from tests.baselines.baseline_helpers import (
     fresh_base,
     logits_of,
@@ -23,8 +28,43 @@ from tests.baselines.baseline_helpers import (
 )
 from tests.conftest import run_cli, tiny_overrides
 
-# Every trained method of the registry (conf/method/*.yaml) but the ATLAS ablations (tests/atlas covers those).
-METHODS = registry.trained_methods()
+
+@dataclass(frozen=True)
+class Row:
+    """What one method's record shows next to LoRA's on the same tiny run: method-specific `costs` that are > 0, its
+    trainable parameters and stored bytes as a factor range of LoRA's (`None`: not compared), and the least stored
+    bytes per trainable parameter."""
+
+    costs: tuple[str, ...] = ()
+    trainable: Optional[tuple[float, float]] = (1.0, 1.0)
+    stored: Optional[tuple[float, float]] = (1.0, 1.0)
+    stored_per_trainable: float = 0.0
+
+
+SAME, MORE, FEWER = (1.0, 1.0), (1.0 + 1e-9, float("inf")), (0.0, 1.0 - 1e-9)
+MATRIX = {
+    "atlas": Row(costs=("atlas_build_seconds", "atlas_bytes", "adapter_bytes"), stored=MORE),  # + the atlas
+    "lora": Row(),
+    "olora": Row(costs=("basis_build_seconds",)),
+    "replay": Row(costs=("replay_pool_size",)),
+    "ewc": Row(costs=("fisher_build_seconds",)),
+    "lwf": Row(),
+    # the converted update for the true W0: a rank-2r LoRA [B | B0], [A ; -A0]
+    "corda": Row(costs=("covariance_build_seconds",), stored=(1.5, 2.5)),
+    "inflora": Row(trainable=FEWER, stored=None),  # A frozen: only B trains
+    "milora": Row(costs=("svd_seconds",), stored=(1.5, 2.5)),
+    "pissa": Row(costs=("svd_seconds",), stored=(1.5, 2.5)),
+    "dora": Row(trainable=MORE, stored=MORE),  # + a magnitude per output feature
+    "loranull": Row(costs=("null_space_build_seconds",), trainable=FEWER),  # A frozen, stored as a rank-r LoRA
+    # every adapted weight trains and is stored whole (float32)
+    "fullft": Row(costs=("w0_copy_bytes",), trainable=(2.0, float("inf")), stored=MORE, stored_per_trainable=4.0),
+}
+METHODS = list(MATRIX)
+
+
+def test_every_trained_method_has_a_row():
+    assert sorted(MATRIX) == sorted(registry.trained_methods()), \
+        f"add a Row to MATRIX for {sorted(set(registry.trained_methods()) - set(MATRIX))}"
 
 
 def reload(name: str, tiny, export_dir):
@@ -89,16 +129,12 @@ def test_one_cli_sweep_writes_a_complete_record_per_method(tiny_backbone_dir, ti
         assert cost["trainable_params"] > 0 and cost["stored_bytes"] > 0 and cost["train_seconds"] > 0, name
         assert set(rec["metrics"]["retained"]) == {"math", "commonsense"}
         assert rec["metrics"]["retained_kl_mean"] >= 0 and "pass@1" in rec["metrics"]["target"]
-    assert records["ewc"]["cost"]["fisher_build_seconds"] > 0
-    assert records["corda"]["cost"]["covariance_build_seconds"] > 0
-    assert records["inflora"]["cost"]["trainable_params"] < records["lora"]["cost"]["trainable_params"]
-    assert records["milora"]["cost"]["svd_seconds"] > 0 and records["pissa"]["cost"]["svd_seconds"] > 0
-    assert records["loranull"]["cost"]["null_space_build_seconds"] > 0
-    assert records["loranull"]["cost"]["trainable_params"] < records["lora"]["cost"]["trainable_params"]
-    assert records["dora"]["cost"]["trainable_params"] > records["lora"]["cost"]["trainable_params"]  # + magnitudes
-    assert records["fullft"]["cost"]["w0_copy_bytes"] > 0
-    assert records["fullft"]["cost"]["trainable_params"] > 2 * records["lora"]["cost"]["trainable_params"]
-    # what is stored: a converted rank-2r LoRA for MiLoRA / PiSSA, a rank-r one for LoRA-Null, whole weights for fullft
-    assert records["milora"]["cost"]["stored_bytes"] > 1.5 * records["lora"]["cost"]["stored_bytes"]
-    assert records["loranull"]["cost"]["stored_bytes"] == records["lora"]["cost"]["stored_bytes"]
-    assert records["fullft"]["cost"]["stored_bytes"] > 4 * records["fullft"]["cost"]["trainable_params"]
+    lora = records["lora"]["cost"]
+    for name, row in MATRIX.items():
+        cost = records[name]["cost"]
+        assert all(cost[key] > 0 for key in row.costs), (name, {key: cost.get(key) for key in row.costs})
+        for field, bounds in (("trainable_params", row.trainable), ("stored_bytes", row.stored)):
+            if bounds is not None:
+                ratio = cost[field] / lora[field]
+                assert bounds[0] <= ratio <= bounds[1], (name, field, ratio, bounds)
+        assert cost["stored_bytes"] >= row.stored_per_trainable * cost["trainable_params"], name

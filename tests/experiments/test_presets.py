@@ -9,30 +9,26 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
-from suite_schema import registry
 from experiments.config import validate_config
 from experiments.job import run_id_for
+from suite_schema import registry, run_identity
 from tests.conftest import REPO, run_cli, sweep_jobs
-from suite_schema import run_identity
 
 CONF = REPO / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 POINTS = sorted(p.stem for p in (CONF / "point").glob("*.yaml"))
-# The method registry's groups (conf/method/*.yaml `display.group`).
-SEVEN = tuple(registry.members("baseline"))
-ABLATIONS = tuple(registry.members("reference", "ablation"))
 FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
-# preset -> number of jobs its multirun expands into
-EXPECTED_JOBS = {
-    "paper_main": 33 * 3, "paper_backbones": 5 * 33 * 3, "paper_retained": 28 * 2 * 3, "paper_ablations": 6 * 3 * 3,
-    "micro_main": 17 * 3, "micro_backbones": 17 * 3, "micro_retained": 14 * 2 * 3, "micro_ablations": 6 * 2 * 3,
-    "micro_defaults": 14, "micro_tune": 33, "paper_tune": 33, "micro_tune_extended": 22, "micro_extended": 12 * 3,
-    "micro_tune_1pt": 17, "micro_main_1pt": 9 * 3,
-}
-# the tuning presets, evaluated on the dev split
+# The tuning presets, evaluated on the dev split at seed 0; every other preset is evaluated on the test split.
 DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt")
 SEEDS = {"micro_defaults": (0,), **{preset: (0,) for preset in DEV}}
-EXTENDED = tuple(registry.members("extended"))
+# Which tuning preset chose (or, for paper_main, is) each evaluation preset's points, and how many points per method.
+TUNED_BY = {"micro_main": ("micro_tune", 2), "micro_backbones": ("micro_tune", 2), "micro_main_1pt": ("micro_tune", 1),
+            "micro_tune_1pt": ("micro_tune", 2), "micro_extended": ("micro_tune_extended", 2),
+            "paper_main": ("paper_tune", 4), "paper_backbones": ("paper_tune", 4)}
+# The methods each tuning preset may tune (registry groups) besides the base; micro_tune_extended also runs the
+# reference (LoRA at its defaults) the levels are shares of.
+TUNES = {"micro_tune": ("reference", "baseline"), "paper_tune": ("reference", "baseline"),
+         "micro_tune_extended": ("extended",)}
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
@@ -64,11 +60,21 @@ def run_ids_of(jobs: list[list[str]]) -> list[str]:
     return [run_id_for(c) for c in configs_of(jobs)]
 
 
-def test_every_preset_has_a_micro_twin_and_a_count():
+def methods_of(preset: str) -> Counter:
+    """How many seed-0 jobs of `preset` run each method (on paper_backbones: on one backbone)."""
+    cfgs = jobs_of(preset, seed=0)
+    if preset == "paper_backbones":
+        cfgs = [c for c in cfgs if c.backbone.name == "qwen3-8b"]
+    return Counter(c.method.name for c in cfgs)
+
+
+def test_every_preset_has_a_micro_twin_and_a_role():
     paper = {p for p in PRESETS if p.startswith("paper_")}
     assert paper == {"paper_main", "paper_backbones", "paper_retained", "paper_ablations", "paper_tune"}
     assert {p.replace("paper_", "micro_") for p in paper} <= set(PRESETS)
-    assert set(PRESETS) == set(EXPECTED_JOBS)
+    roles = set(TUNED_BY) | set(TUNES) | {"micro_tune_1pt", "micro_defaults"} | {p for p in PRESETS if p.endswith(
+        ("_retained", "_ablations"))}
+    assert set(PRESETS) == roles
     # the methods beyond the paper: at their defaults with WiSE-FT scales, and under micro_main's protocol
     assert {"micro_defaults", "micro_tune_extended", "micro_extended"} <= set(PRESETS)
 
@@ -83,7 +89,6 @@ def test_preset_composes_on_the_command_line(preset):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     jobs = expand(preset)
-    assert len(jobs) == EXPECTED_JOBS[preset]
     seeds = Counter(o for job in jobs for o in job if o.startswith("seed="))
     expected_seeds = SEEDS.get(preset, (0, 1, 2))
     assert seeds == {f"seed={s}": len(jobs) // len(expected_seeds) for s in expected_seeds}
@@ -95,30 +100,8 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     micro = preset.startswith("micro_")
     assert {c.backbone.name for c in cfgs} == ({"micro"} if micro else set(FIVE) if preset == "paper_backbones"
                                                 else {"qwen3-8b"})
-    methods = Counter(c.method.name for c in cfgs)
-    if preset.endswith("_main") or preset.endswith("_backbones"):
-        assert set(methods) == {"base", "atlas", *SEVEN}
-    if preset == "micro_defaults":
-        assert sorted(methods.values()) == [1] * 14 and set(methods) == {"base", "atlas", *SEVEN, *EXTENDED}
-        assert all(list(c.eval.scales) == [0.0, 0.25, 0.5, 0.75, 1.0] for c in cfgs)
-        assert next(c for c in cfgs if c.method.name == "fullft").train.lr == 1.0e-4
-    if preset == "micro_extended":  # micro_main's protocol for the five: 2 dev-chosen points each, the reference
-        assert methods == {"base": 1, "lora": 1, **{name: 2 for name in EXTENDED}}
-        assert next(c for c in cfgs if c.method.name == "lora").train.steps == 600
-        assert all(list(c.eval.scales) == [0.25, 0.5, 0.75, 0.9, 1.0] for c in cfgs)
-    if preset in DEV:  # equal budget on dev: 4 points per method (2 in the 2-hour cut), none longer than the default
-        tuned = {"base", "lora", *EXTENDED} if preset == "micro_tune_extended" else {"base", "atlas", *SEVEN}
-        assert set(methods) == tuned and methods["base"] == 1
-        per_method = 2 if preset == "micro_tune_1pt" else 4
-        assert {n for name, n in methods.items() if name not in ("base", "lora")} == {per_method}
-        assert methods["lora"] == (1 if preset == "micro_tune_extended" else per_method)  # there, only the reference
-        assert all(c.benchmark.split == "dev" and c.train.steps <= (600 if micro else 625) for c in cfgs)
-    else:
-        assert all(c.benchmark.split == "test" for c in cfgs)
-    if preset.endswith("_ablations"):
-        assert set(methods) == set(ABLATIONS) and len(set(methods.values())) == 1
+    assert all(c.benchmark.split == ("dev" if preset in DEV else "test") for c in cfgs)
     if preset.endswith("_retained"):
-        assert set(methods) == {"atlas", *SEVEN} - {"lora"}
         assert Counter(tuple(c.benchmark.protect) for c in cfgs) == {("math",): len(cfgs) // 2,
                                                                      ("commonsense",): len(cfgs) // 2}
     else:
@@ -128,37 +111,77 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
         assert all(c.train.lr == 3.0e-3 for c in cfgs if c.method.name != "fullft")
         full_lrs = {c.train.lr for c in cfgs if c.method.name == "fullft"}  # its own rates (conf/method/fullft.yaml)
         assert full_lrs <= {1.0e-5, 3.0e-5, 1.0e-4, 3.0e-4}
-        if preset == "micro_tune_extended":
-            assert len(full_lrs) == 4 and {c.train.steps for c in cfgs if c.method.name == "fullft"} == {600}
+        assert all(c.train.steps <= 600 for c in cfgs)  # no point trains longer than the default budget
     else:  # the real backbones' training and generation lengths (conf/train/paper.yaml, conf/eval/paper.yaml)
         assert all(c.train.lr == 2.0e-4 and c.eval.max_new_tokens_code == 512 and c.eval.max_new_tokens_math == 384
                    for c in cfgs)
         assert all(c.backbone.dtype == "bfloat16" for c in cfgs)
+        assert all(c.train.steps <= 1250 for c in cfgs)
+
+
+@pytest.mark.parametrize("preset", sorted(TUNES))
+def test_tuning_presets_give_every_method_they_tune_the_same_budget(preset):
+    """Equal budget on dev: 4 points per method along its knob, none longer than the default budget, of the methods
+    of the registry groups the preset tunes, plus the base model (and, for the extended methods, the reference)."""
+    methods = methods_of(preset)
+    allowed = set(registry.members(*TUNES[preset]))
+    extra = {"base": 1, "lora": 1} if preset == "micro_tune_extended" else {"base": 1}
+    assert {m: methods[m] for m in extra} == extra
+    tuned = {m: n for m, n in methods.items() if m not in extra}
+    assert tuned and set(tuned) <= allowed and set(tuned.values()) == {4}, tuned
+    budget = registry.group_values("train", "default" if preset.startswith("micro_") else "paper")["steps"]
+    assert max(c.train.steps for c in jobs_of(preset)) == budget
+
+
+@pytest.mark.parametrize("preset", sorted(TUNED_BY))
+def test_evaluation_presets_run_the_methods_their_tuning_chose_at_equal_budget(preset):
+    tune, per_method = TUNED_BY[preset]
+    methods = methods_of(preset)
+    reference = {"lora": 1} if tune == "micro_tune_extended" else {}
+    assert methods["base"] == 1 and set(methods) == set(methods_of(tune))
+    assert {m: n for m, n in methods.items() if m != "base" and m not in reference} == {
+        m: per_method for m in methods_of(tune) if m != "base" and m not in reference}
+    assert all(methods[m] == n for m, n in reference.items())
+
+
+def test_defaults_preset_runs_each_method_once_at_its_defaults():
+    """micro_defaults: every method it lists at the values of its own conf/method file (full fine-tuning at
+    train.lr 1e-4, conf/method/fullft.yaml), once, none an ablation; each trained run at the WiSE-FT scales."""
+    cfgs = jobs_of("micro_defaults", seed=0)
+    methods = Counter(c.method.name for c in cfgs)
+    assert set(methods.values()) == {1} and not set(methods) & set(registry.members("ablation"))
+    assert {"base", "atlas", "lora"} <= set(methods) <= set(registry.method_names())
+    for c in cfgs:
+        knobs = {k: v for k, v in c.method.items() if k not in registry.NOT_HYPERPARAMETERS}
+        assert knobs == registry.method_values(c.method.name), c.method.name
+    assert all(list(c.eval.scales) == [0.0, 0.25, 0.5, 0.75, 1.0] for c in cfgs)
+    assert next(c for c in cfgs if c.method.name == "fullft").train.lr == 1.0e-4
+
+
+@pytest.mark.parametrize("family", ["micro", "paper"])
+def test_ablation_presets_run_atlas_and_each_of_its_variants_alike(family):
+    methods = methods_of(f"{family}_ablations")
+    assert set(methods) == set(registry.members("reference", "ablation")) and len(set(methods.values())) == 1
 
 
 def test_main_presets_sweep_each_method_knob():
-    """Every trained method has the same number of sweep points in the main presets. micro_main's are the tuned ones:
-    the same number for every method (equal budget), ATLAS's along `conditioning`, LoRA's including the
-    reference (LoRA at its defaults) that the report's levels are shares of."""
-    for preset in ("micro_main", "paper_main"):
-        per_method: dict = {}
+    """The main presets' points move the knob each method's authors name: micro_main's 2 tuned points per method
+    (ATLAS's along `conditioning`, LoRA's including the reference, LoRA at its defaults, that the report's levels are
+    shares of, every other method at the default budget), paper_main's 4 grid points (ATLAS's 4 conditionings,
+    LoRA's steps up to the budget)."""
+    def by_method(preset):
+        out: dict = {}
         for c in jobs_of(preset, seed=0):
-            per_method.setdefault(c.method.name, []).append(c)
-        assert len(per_method["base"]) == 1
-        for name in SEVEN:
-            assert len(per_method[name]) >= 2, name
-        if preset == "paper_main":  # paper_tune's grid: 4 points per method, ATLAS's along `conditioning`
-            assert {name: len(cs) for name, cs in per_method.items() if name != "base"} == {
-                name: 4 for name in ("atlas", *SEVEN)}
-            assert len({c.method.conditioning for c in per_method["atlas"]}) == 4
-            assert max(c.train.steps for c in per_method["lora"]) == 625
-    tuned = {}
-    for c in jobs_of("micro_main", seed=0):
-        tuned.setdefault(c.method.name, []).append(c)
-    assert {name: len(cs) for name, cs in tuned.items() if name != "base"} == {name: 2 for name in ("atlas", *SEVEN)}
-    assert len({c.method.conditioning for c in tuned["atlas"]}) == 2
-    assert 600 in {c.train.steps for c in tuned["lora"]}
-    assert all(c.train.steps == 600 for name, cs in tuned.items() if name != "lora" for c in cs)
+            out.setdefault(c.method.name, []).append(c)
+        return out
+
+    paper = by_method("paper_main")
+    assert len({c.method.conditioning for c in paper["atlas"]}) == 4
+    assert max(c.train.steps for c in paper["lora"]) == 625
+    micro = by_method("micro_main")
+    assert len({c.method.conditioning for c in micro["atlas"]}) == 2
+    assert 600 in {c.train.steps for c in micro["lora"]}
+    assert all(c.train.steps == 600 for name, cs in micro.items() if name != "lora" for c in cs)
 
 
 def test_one_point_presets_are_the_full_protocol_cut_to_its_high_points():
@@ -171,7 +194,7 @@ def test_one_point_presets_are_the_full_protocol_cut_to_its_high_points():
     assert set(run_ids_of(expand("micro_tune_1pt"))) <= set(run_ids_of(expand("micro_tune")))
     for seed in (0, 1, 2):
         cut = jobs_of("micro_main_1pt", seed=seed)
-        assert sorted(c.method.name for c in cut) == sorted(("base", "atlas", *SEVEN))
+        assert Counter(c.method.name for c in cut) == {m: 1 for m in methods_of("micro_tune")}
         first = [job for job in expand("micro_main") if f"seed={seed}" in job
                  and any(o.startswith("+point=") and (o.endswith("_1") or o.endswith("_base")) for o in job)]
         assert sorted(run_id_for(c) for c in cut) == sorted(run_ids_of(first))
@@ -187,7 +210,7 @@ def test_extended_presets_reuse_micro_main_and_micro_tune_runs():
     main_ids = {run_id_for(c) for c in jobs_of("micro_main", seed=0)}
     defaults = {c.method.name: run_id_for(c) for c in jobs_of("micro_defaults", seed=0)}
     assert {defaults[m] for m in ("base", "atlas", "lora", "replay", "ewc", "lwf")} <= main_ids
-    assert not {defaults[m] for m in EXTENDED} & main_ids
+    assert not {defaults[m] for m in registry.members("extended") if m in defaults} & main_ids
     for seed in (0, 1, 2):
         main = {run_id_for(c) for c in jobs_of("micro_main", seed=seed)}
         extended = {run_id_for(c): c.method.name for c in jobs_of("micro_extended", seed=seed)}
@@ -223,7 +246,9 @@ def test_retained_presets_run_the_main_points_of_the_methods_that_read_retained_
         return {o.split("=", 1)[1] for job in expand(preset) for o in job if o.startswith("+point=")}
 
     main = {p for p in points(f"{family}_main") if "_base" not in p and "_lora_" not in p}
-    assert len(main) == (14 if family == "micro" else 28) and points(f"{family}_retained") == main
+    assert main and points(f"{family}_retained") == main
+    assert {c.method.name for c in jobs_of(f"{family}_retained", seed=0)} == set(methods_of(f"{family}_main")) - {
+        "base", "lora"}  # LoRA and the base model read no retained data
 
 
 def test_default_points_are_the_plain_method_runs():
@@ -259,13 +284,11 @@ def test_micro_run_ids_are_unchanged():
 
 
 def test_a_key_added_later_changes_the_run_id_only_away_from_its_earlier_behaviour():
-    """`LATER_KEYS` (analysis/schema.py): ATLAS's `filter_basis: null` and `filter_members: kmeans` compute what runs
+    """`LATER_KEYS` (suite_schema/run_identity.py): ATLAS's `filter_basis: null` and `filter_members: kmeans` compute what runs
     did before the keys existed, so at those values the keys are left out of the run id, and the runs made then
     (the default's run id before the defaults became assigned filters in a 32-direction basis) keep their ids;
     any other value, the defaults included, is another run."""
     from omegaconf import OmegaConf
-
-    from experiments import records
 
     earlier_default_run = "73794eee4b142921"  # `python run.py` before the change of defaults (committed records)
     (cfg,) = configs_of([["method.filter_basis=null", "method.filter_members=kmeans"]])
