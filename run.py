@@ -16,6 +16,7 @@ register_run_id_resolver()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    # here, not at the top: `python run.py --help` and `--cfg job` stay fast without the runtime (torch)
     from experiments import exit_codes
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from analysis import matched as MT
@@ -96,6 +97,7 @@ def _print_skipped(skipped) -> None:
 
 
 def _collect(args, api) -> int:
+    # here, not at the top: pandas and matplotlib load only for the subcommand that runs (`--help` stays fast)
     from analysis.collect import collect, write_table
 
     col = collect(args.dirs, args.wandb, api=api, progress=not args.no_progress)
@@ -112,8 +114,6 @@ def _collect(args, api) -> int:
         path = write_table(df, args.out)
         print(f"table: {path}")
     if args.skipped:
-        from pathlib import Path
-
         Path(args.skipped).parent.mkdir(parents=True, exist_ok=True)
         col.skipped_frame().to_csv(args.skipped, index=False, lineterminator="\n")
         print(f"skipped runs: {args.skipped}")
@@ -121,6 +121,7 @@ def _collect(args, api) -> int:
 
 
 def _report(args, api) -> int:
+    # here, not at the top: pandas and matplotlib load only for the subcommand that runs (`--help` stays fast)
     from analysis.report import check_report, default_command, write_report
 
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
@@ -149,8 +150,7 @@ def _report(args, api) -> int:
 
 
 def _tune(args) -> int:
-    from pathlib import Path
-
+    # here, not at the top: pandas and matplotlib load only for the subcommand that runs (`--help` stays fast)
     from analysis.collect import threads_text
     from analysis.tune import tune
 

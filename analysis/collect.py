@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from analysis import schema
 from suite_schema import layout
@@ -203,6 +204,7 @@ def _read_wandb(paths: Sequence[str], api: Any) -> list[_Entry]:
     if not paths:
         return []
     if api is None:
+        # here, not at the top: only --wandb needs it, and wandb takes a second to import
         import wandb
 
         api = wandb.Api()
@@ -285,8 +287,6 @@ def collect(
     before any other, a local file before W&B, then the latest `provenance.end_time`, then the
     first source in sorted order; the others are listed as duplicates.
     """
-    from tqdm.auto import tqdm
-
     record_paths, bare_dirs = find_records(dirs)
     entries = [_read(p) for p in tqdm(record_paths, desc="records", unit="record", disable=not progress)]
     entries += _read_wandb(list(wandb_paths), api)

@@ -8,6 +8,7 @@ be checked against a re-run (`python -m analysis report ... --check`).
 from __future__ import annotations
 
 import filecmp
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -237,8 +238,6 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
                     interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE,
                     variants: Sequence[str] = ()) -> str:
     """The command line that regenerates a report with these arguments."""
-    import shlex
-
     args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
     if any(MT.parse_level(lv).kind == "gain" for lv in levels):
         args += ["--reference", str(reference)]

@@ -14,9 +14,13 @@ bootstrap over at most `BOOTSTRAP_EXACT_MAX_N` values stays here too: SciPy's on
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
+
+import numpy as np
+from scipy.stats import binomtest, bootstrap
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -164,8 +168,6 @@ class Paired:
 def sign_test(wins: int, losses: int) -> Optional[float]:
     """Exact two-sided sign test (ties dropped), `scipy.stats.binomtest`: the probability, under P(win) = 1/2,
     of a split of the wins + losses non-tied pairs at least as uneven as this one; None without such pairs."""
-    from scipy.stats import binomtest
-
     m = wins + losses
     if m == 0:
         return None
@@ -228,17 +230,12 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95,
     differs from `numpy.quantile` in the last digit for about a third of the committed intervals, so passing it
     the enumerated means (its `bootstrap_result` argument) would change them too.
     """
-    import itertools
-
-    import numpy as np
 
     xs = np.asarray([float(v) for v in values], dtype=np.float64)
     n = len(xs)
     if n < 2:
         return None
     if n > BOOTSTRAP_EXACT_MAX_N:
-        from scipy.stats import bootstrap
-
         res = bootstrap((xs,), np.mean, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=confidence,
                         method="percentile", rng=np.random.default_rng(seed))
         return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -19,7 +19,7 @@ import pandas as pd
 from analysis import methods as M
 from analysis.analyze import Analysis, summary_of
 from analysis.matched import Level
-from analysis.render import (DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p)
+from analysis.render import DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p
 
 NOT_REACHED = "not reached"
 

@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from sklearn.linear_model import LogisticRegression
 
 from atlas.kmeans import WeightedCenters, kmeans, nearest_centers, pairwise_sq_dists
 from experiments.activations import second_moment_basis
@@ -155,8 +158,6 @@ def fit_logistic_gate(retained: torch.Tensor, target: torch.Tensor) -> tuple[flo
     The slope is at least 1e-3: a signal that does not separate the two gets a nearly flat gate at the
     fitted threshold instead of a sign flip (a gate that would open on retained inputs).
     """
-    from sklearn.linear_model import LogisticRegression
-
     v = torch.cat([retained, target]).double().cpu()
     if not len(retained) or not len(target):
         raise ValueError("a logistic gate needs retained and target calibration tokens")
@@ -271,8 +272,6 @@ def cast(site: SiteAtlas, dtype: torch.dtype) -> SiteAtlas:
 def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
     """Write every site's tensors to one safetensors file (filters packed to their true ranks: the columns of U_k,
     or with a shared basis V once and each cluster's coordinates W_k); return bytes."""
-    from safetensors.torch import save_file
-
     tensors = {}
     for name, s in atlas.items():
         tensors[f"{name}/centers"] = s.centers.contiguous()
@@ -299,8 +298,6 @@ def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
 
 def load_atlas(path: Path) -> tuple[dict[str, SiteAtlas], dict]:
     """Inverse of `save_atlas`: (site name -> SiteAtlas, metadata)."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as fh:
         meta = json.loads(fh.metadata()["atlas"])
         keys = list(fh.keys())

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import torch
+from sklearn.metrics import roc_auc_score
 
 from atlas.kmeans import pairwise_sq_dists
 from atlas.layer import AtlasLinear, AtlasSite
@@ -46,8 +47,6 @@ MAX_TOKENS = 4096
 def auroc(positive: torch.Tensor, negative: torch.Tensor) -> float:
     """Area under the ROC curve of scores `positive` (target) against `negative` (retained), ties counted
     half: the Mann-Whitney U statistic over n_pos * n_neg (scikit-learn's roc_auc_score)."""
-    from sklearn.metrics import roc_auc_score
-
     pos, neg = positive.detach().double().cpu(), negative.detach().double().cpu()
     if not len(pos) or not len(neg):
         raise ValueError("AUROC needs scores on both sides")

@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from atlas.method import ATLAS, ATLAS_FILE
+from experiments.backbones import load_model
+from experiments.evaluation.trained_run import load_run
+
 COLUMNS = (
     ("gate_retained", "gate R"), ("gate_target", "gate T"), ("auroc_gate", "AUROC gate"), ("auroc_delta", "AUROC delta"),
     ("filter_pass_retained", "pass R"), ("filter_pass_target", "pass T"), ("auroc_filter", "AUROC pass"),
@@ -38,10 +42,6 @@ def table(diagnostics: dict) -> str:
 def recompute(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
     """The conditioning diagnostics of a finished ATLAS run, measured again from its export (`atlas.diagnostics`,
     the run's split and seed); `ValueError` for a run that is not ATLAS's or has no export."""
-    from atlas.method import ATLAS, ATLAS_FILE
-    from experiments.backbones import load_model
-    from experiments.evaluation.trained_run import load_run
-
     run = load_run(run_dir, data_root, cache_dir)
     if not (run.export / ATLAS_FILE).is_file():
         raise ValueError(f"{run_dir}: its export holds no atlas (method {run.record.get('method')!r})")

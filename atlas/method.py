@@ -9,12 +9,24 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors.torch import load_file, save_file
 
-from atlas.atlas import FILTER_MEMBERS, GATE_FITS, GATE_SIGNALS, SiteAtlas, build_site_atlas, load_atlas, random_site_atlas, save_atlas
+from atlas.atlas import (
+    FILTER_MEMBERS,
+    GATE_FITS,
+    GATE_SIGNALS,
+    SiteAtlas,
+    build_site_atlas,
+    load_atlas,
+    random_site_atlas,
+    save_atlas,
+)
+from atlas.diagnostics import conditioning_report
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
 from experiments.methods import AdapterParams, Method, RunContext, SiteStatisticsParams, is_int, require
+from experiments.progress import progress_bar
 
 log = logging.getLogger("suite.atlas")
 
@@ -153,7 +165,6 @@ class ATLAS(Method):
             if p.gate_fit == "logistic" else {}
         dtype = next(model.parameters()).dtype
         atlas = {}
-        from experiments.progress import progress_bar
 
         for i, site in enumerate(progress_bar(sites, desc="build atlas", disable=not ctx.progress)):
             x = inputs[site.name].to(ctx.device)
@@ -204,8 +215,6 @@ class ATLAS(Method):
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """Save the atlas, the adapter (A, B) and the config; return atlas + adapter bytes."""
-        from safetensors.torch import save_file
-
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         atlas_bytes = save_atlas(self.atlas, out_dir / ATLAS_FILE, self.atlas_meta())
@@ -225,8 +234,6 @@ class ATLAS(Method):
     @classmethod
     def from_export(cls, model: torch.nn.Module, export_dir: Path) -> "ATLAS":
         """The trained ATLAS rebuilt on a freshly loaded base `model` from `export` output (in place)."""
-        from safetensors.torch import load_file
-
         export_dir = Path(export_dir)
         method = cls(cls.read_params(export_dir))
         method.atlas, meta = load_atlas(export_dir / ATLAS_FILE)
@@ -240,8 +247,6 @@ class ATLAS(Method):
 
     def diagnostics(self, model: torch.nn.Module, ctx: RunContext) -> dict:
         """Gate, filter and residual on held-out retained vs target tokens, per site (`atlas.diagnostics`)."""
-        from atlas.diagnostics import conditioning_report
-
         with self.timed("diagnostics_seconds"):
             return conditioning_report(model, self.sites, ctx, self.params.filter_rank, seed=ctx.seed)
 

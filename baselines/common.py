@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from peft.tuners.lora import LoraLayer
 
 from baselines.lora import LoRA
 from experiments.activations import Site, collect_inputs, discover_sites
@@ -51,8 +53,6 @@ def base_name(peft_name: str) -> str:
 
 def lora_layers(model: torch.nn.Module, adapter: str = "default") -> dict[str, torch.nn.Module]:
     """Backbone module name -> peft LoRA layer holding `adapter`, in module order."""
-    from peft.tuners.lora import LoraLayer
-
     return {base_name(n): m for n, m in model.named_modules()
             if isinstance(m, LoraLayer) and adapter in getattr(m, "lora_A", {})}
 
@@ -160,7 +160,6 @@ class ResidualLoRA(LoRA):
         self.check_exportable()
         if self.init_dir is None:
             raise RuntimeError(f"{self.name}: no initial adapter was saved at prepare")
-        import warnings
 
         with warnings.catch_warnings():
             # peft warns that a base-rewriting adapter meets a second one: the initial adapter it loads to convert.

@@ -35,6 +35,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from peft import get_peft_model
+from peft.tuners.lora.config import CordaConfig
+from peft.tuners.lora.corda import preprocess_corda
 
 from baselines.common import lora_layers
 from baselines.lora import LoRA, LoRAParams
@@ -85,10 +88,6 @@ class CorDA(LoRA):
         return [p.prompt_ids + (p.response_ids if self.params.include_responses else []) for p in pairs]
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        from peft import get_peft_model
-        from peft.tuners.lora.config import CordaConfig
-        from peft.tuners.lora.corda import preprocess_corda
-
         targets = self.resolve_targets(model, ctx)
         run_dir = Path(ctx.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from baselines.common import lora_delta, lora_layers
 from baselines.lora import LoRA, LoRAParams
@@ -134,8 +135,6 @@ class EWC(LoRA):
         return disk_cache.sha256_of(components), components
 
     def load_or_compute_fisher(self, model: torch.nn.Module, ctx: RunContext, targets: list[str]) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file, save_file
-
         key, components = self.fisher_key(ctx, targets)
         path = disk_cache.entry_path(fisher_root(ctx.cache_dir), "fisher",
                                      components["backbone"], key)

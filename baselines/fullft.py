@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from experiments.activations import target_linears
 from experiments.methods import AdapterParams, Method, RunContext
@@ -34,8 +36,6 @@ EXPORT_FORMAT = "atlas-fullft-v1"
 
 def load_fullft_export(model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
     """The backbone `model` with the adapted weights of a `FullFT` export copied in (in place); returns it."""
-    from safetensors import safe_open
-
     path = Path(export_dir) / WEIGHTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no full fine-tuning export at {path}")
@@ -115,8 +115,6 @@ class FullFT(Method):
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """The adapted modules' weights (safetensors, the backbone's dtype); returns the file's bytes."""
-        from safetensors.torch import save_file
-
         if not self.w0:
             raise RuntimeError("fullft: export before prepare")
         if self.alpha_now != 1.0:

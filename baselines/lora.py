@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
 
+from baselines.fused_lora import FusedLoraLinear
 from experiments.methods import AdapterParams, Method, RunContext, is_int, require
 
 
@@ -42,9 +45,6 @@ class LoRA(Method):
 
     def lora_config(self, targets: list[str], **extra):
         """The peft `LoraConfig` this method applies to `targets`."""
-        from peft import LoraConfig
-
-        from baselines.fused_lora import FusedLoraLinear
 
         p = self.params
         config = LoraConfig(r=p.rank, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(targets),
@@ -53,8 +53,6 @@ class LoRA(Method):
         return config
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
-        from peft import get_peft_model
-
         return get_peft_model(model, self.lora_config(self.resolve_targets(model, ctx)))
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
@@ -65,14 +63,10 @@ class LoRA(Method):
     @classmethod
     def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
         """The backbone `model` with the exported peft adapter loaded on top, for inference."""
-        from peft import PeftModel
-
         return PeftModel.from_pretrained(model, str(export_dir))
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:
         """Set every LoRA layer's scale to alpha * (lora_alpha / r): alpha = 0 is the base, 1 the trained model."""
-        from peft.tuners.lora import LoraLayer
-
         for module in model.modules():
             if isinstance(module, LoraLayer):
                 for adapter in module.active_adapters:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from peft import get_peft_model
 
 from baselines.common import ResidualLoRA
 from baselines.lora import LoRAParams
@@ -67,8 +68,6 @@ class PiSSA(ResidualLoRA):
 
     def initialised(self, model: torch.nn.Module, config, ctx: RunContext) -> torch.nn.Module:
         """peft's PiSSA initialisation; the randomized SVD's draws are seeded from the run's seed alone."""
-        from peft import get_peft_model
-
         if self.params.svd_niter is None:
             return get_peft_model(model, config)
         # torch.svd_lowrank draws from the global RNG of the weight's device: fork it, seeded by the run.

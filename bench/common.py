@@ -40,14 +40,23 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence
 
+import peft
 import torch
+import transformers
 from omegaconf import OmegaConf
 from scipy.stats import binom
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 from atlas.atlas import EPS
 from atlas.footprint import ALL_MODULES
 from atlas.kmeans import pairwise_sq_dists
 from atlas.layer import AtlasLinear, AtlasSite
+from experiments import prompts as P
+from experiments.backbones import load_backbone
+from experiments.config import BackboneConfig, BenchmarkConfig
+from experiments.data.benchmark import build_benchmark
+from experiments.methods import RunContext, build_named
+from experiments.prompts import code_instruction_prompt, code_instruction_response, collate, encode_pair
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -162,17 +171,12 @@ def preset_shapes(name: str) -> dict:
 
 
 def micro_backbone_config():
-    from experiments.config import BackboneConfig
-
     raw = OmegaConf.load(REPO / "conf" / "backbone" / "micro.yaml")
     raw.pop("defaults", None)
     return OmegaConf.merge(OmegaConf.structured(BackboneConfig), raw)
 
 
 def micro_benchmark():
-    from experiments.config import BenchmarkConfig
-    from experiments.data.benchmark import build_benchmark
-
     return build_benchmark(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
                                            OmegaConf.load(REPO / "conf" / "benchmark" / "micro.yaml")))
 
@@ -180,8 +184,6 @@ def micro_benchmark():
 def load_preset(name: str, st: Settings) -> Backbone:
     """The backbone of a preset on `st.device`, frozen, in eval mode."""
     if name == "micro":
-        from experiments.backbones import load_backbone
-
         model, tok = load_backbone(micro_backbone_config(), st.device)
         dtype = st.dtype or torch.float32
         model.to(dtype)
@@ -190,8 +192,6 @@ def load_preset(name: str, st: Settings) -> Backbone:
                                              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
         bb = Backbone(name, model, tok, tok.pad_token_id, tok.eos_token_id, c.vocab_size, shapes, True, st.device, dtype)
     else:
-        from transformers import AutoModelForCausalLM, Qwen3Config
-
         shapes = preset_shapes(name)
         if st.layers:
             shapes["num_hidden_layers"] = st.layers
@@ -220,15 +220,11 @@ def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 # -- data -----------------------------------------------------------------------------------------
 def encoded_pairs(tokenizer, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
-    from experiments import prompts as P
-
     return [P.encode_prompt(tokenizer, p) for p, _ in pairs], [P.encode_response(tokenizer, p, r) for p, r in pairs]
 
 
 def retained_pairs(bb: Backbone, split: str) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, response ids) of the micro retained domains' `split` with gold responses."""
-    from experiments import prompts as P
-
     bench = bb.extras.setdefault("benchmark", micro_benchmark())
     pairs = [(P.retained_prompt(dom.kind, item), P.gold_response(dom.kind, item))
              for _, dom in sorted(bench.retained.items()) for item in getattr(dom, split)]
@@ -254,8 +250,6 @@ def calibration_reference(bb: Backbone, max_tokens: int, seed: int):
 
 def train_batch(bb: Backbone, batch_size: int, seq_len: int, seed: int) -> dict[str, torch.Tensor]:
     """One SFT batch: micro code-instruction examples (their own lengths), or random ids of `seq_len`."""
-    from experiments.prompts import code_instruction_prompt, code_instruction_response, collate, encode_pair
-
     if bb.pretrained:
         items = bb.extras.setdefault("benchmark", micro_benchmark()).target_train
         order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()[:batch_size]
@@ -272,8 +266,6 @@ def train_batch(bb: Backbone, batch_size: int, seq_len: int, seed: int) -> dict[
 # -- adapters -------------------------------------------------------------------------------------
 def run_context(bb: Backbone, run_dir: Path, seed: int, reference: Any = None):
     """A RunContext with what ATLAS.prepare and LoRA.prepare read, outside the run harness."""
-    from experiments.methods import RunContext
-
     tok = SimpleNamespace(pad_token_id=bb.pad_id, eos_token_id=bb.eos_id)
     return RunContext(tokenizer=tok, benchmark=SimpleNamespace(target_train=[], protect=None), run_dir=Path(run_dir),
                       device=bb.device, seed=seed, target_modules=list(TARGETS), progress=False,
@@ -282,8 +274,6 @@ def run_context(bb: Backbone, run_dir: Path, seed: int, reference: Any = None):
 
 def add_lora(model: torch.nn.Module, bb: Backbone, seed: int, **overrides):
     """`baselines.lora.LoRA` (peft) on `model` in place, B drawn non-zero so the residual is not trivially 0."""
-    from experiments.methods import build_named
-
     method = build_named("lora", target_modules=TARGETS, **overrides)
     model = method.prepare(model, run_context(bb, Path(tempfile.gettempdir()), seed))
     randomize_b(model, seed)
@@ -304,8 +294,6 @@ EARLIER_FILTERS = {"filter_basis": None, "filter_members": "kmeans"}
 
 def add_atlas(model: torch.nn.Module, bb: Backbone, st: Settings, **overrides):
     """`atlas.method.ATLAS` on `model` in place; the atlas is built once per settings and reused (loaded)."""
-    from experiments.methods import build_named
-
     if st.atlas_tokens:
         overrides["max_tokens"] = st.atlas_tokens
     method = build_named("atlas", target_modules=TARGETS, **overrides)
@@ -539,9 +527,6 @@ def cpu_model() -> str:
 
 
 def environment(device: torch.device) -> dict:
-    import peft
-    import transformers
-
     status = _run(["git", "status", "--porcelain", "--", "atlas", "baselines", "experiments", "bench"])
     env = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -36,9 +36,24 @@ import torch
 from transformers import GenerationConfig
 
 from bench.common import (
-    EARLIER_FILTERS, add_atlas, add_lora, command_line, common_parser, environment, interleaved, load_preset, settings, shared_copy,
-    summary, table, use_batched_forms, use_legacy_atlas, write_json,
-    selected_variants, paired_target, paired_target_line,
+    EARLIER_FILTERS,
+    add_atlas,
+    add_lora,
+    command_line,
+    common_parser,
+    environment,
+    interleaved,
+    load_preset,
+    paired_target,
+    paired_target_line,
+    selected_variants,
+    settings,
+    shared_copy,
+    summary,
+    table,
+    use_batched_forms,
+    use_legacy_atlas,
+    write_json,
 )
 
 SCRIPT = "decode"

@@ -32,12 +32,36 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from omegaconf import OmegaConf
 
 from bench.common import (
-    REPO, add_atlas, command_line, common_parser, environment, interleaved, load_preset, micro_backbone_config,
-    micro_benchmark, random_pairs, randomize_b, retained_pairs, settings, shared_copy, summary, synchronize, table,
-    write_json, paired_target, paired_target_line,
+    REPO,
+    add_atlas,
+    command_line,
+    common_parser,
+    environment,
+    interleaved,
+    load_preset,
+    micro_backbone_config,
+    micro_benchmark,
+    paired_target,
+    paired_target_line,
+    random_pairs,
+    randomize_b,
+    retained_pairs,
+    settings,
+    shared_copy,
+    summary,
+    synchronize,
+    table,
+    write_json,
 )
+from experiments.backbones import backbone_key, load_model
+from experiments.evaluation.config import EvalConfig, as_eval_config
+from experiments.evaluation.evaluate import evaluate_run
+from experiments.evaluation.reference_cache import _choose_mode
+from experiments.evaluation.retained_kl import cache_logprobs, retained_kl
+from experiments.evaluation.scoring import length_order
 
 SCRIPT = "eval_cost"
 TARGET_A = 1.3
@@ -45,8 +69,6 @@ TARGET_A = 1.3
 
 def padded_batches(prompt_ids, response_ids, pad_id: int, batch_size: int, device) -> list[tuple]:
     """The batches `scoring.iter_response_logprobs` forms (length order, right padding), as tensors on device."""
-    from experiments.evaluation.scoring import length_order
-
     order = length_order(prompt_ids, response_ids)
     out = []
     for start in range(0, len(order), batch_size):
@@ -62,10 +84,6 @@ def padded_batches(prompt_ids, response_ids, pad_id: int, batch_size: int, devic
 
 
 def part_a(shape: str, st, args) -> dict:
-    from experiments.evaluation.config import EvalConfig
-    from experiments.evaluation.reference_cache import _choose_mode
-    from experiments.evaluation.retained_kl import cache_logprobs, retained_kl
-
     bb = load_preset(shape, st)
     if bb.pretrained:
         prompts, responses = retained_pairs(bb, "evaluation")
@@ -124,11 +142,6 @@ class ForwardCounter:
 
 
 def part_b(st, args) -> dict:
-    from experiments.backbones import backbone_key, load_model
-    from experiments.evaluation.config import as_eval_config
-    from experiments.evaluation.evaluate import evaluate_run
-    from omegaconf import OmegaConf
-
     st = dataclasses.replace(st, dtype=None)  # micro in its own float32, like the separately loaded base
     bb = load_preset("micro", st)
     bench = micro_benchmark()

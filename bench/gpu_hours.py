@@ -14,11 +14,11 @@ evaluates.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-import yaml
+from hydra import compose, initialize_config_dir
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from suite_schema import registry
+
 PAPER_BACKBONES = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 TIED_EMBEDDINGS = {"qwen3-4b", "gemma-2-9b"}  # their config.json: tie_word_embeddings
 SEQUENCES_PER_STEP = 32
@@ -49,28 +49,19 @@ REUSES = {"paper_main": "paper_tune"}
 
 
 def evaluations_per_run(preset: str) -> int:
-    """Evaluations of each trained run of a preset: one per post-hoc scale in its `eval.scales` (1 without)."""
-    return len((load("experiment", preset).get("eval") or {}).get("scales") or [1.0])
-
-
-def load(group: str, name: str) -> dict:
-    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+    """Evaluations of each trained run of a preset: one per post-hoc scale of its composed `eval.scales`."""
+    with initialize_config_dir(config_dir=str(registry.CONF), version_base="1.3"):
+        return len(compose("config", overrides=[f"+experiment={preset}"]).eval.scales)
 
 
 def paper_eval() -> dict:
-    """conf/eval/paper.yaml over the file it starts from (its `defaults`: conf/eval/micro.yaml), as Hydra composes it."""
-    paper = load("eval", "paper")
-    out: dict = {}
-    for base in paper.get("defaults", []):
-        if base != "_self_":
-            out.update(load("eval", base))
-    out.update({k: v for k, v in paper.items() if k != "defaults"})
-    return out
+    """conf/eval/paper.yaml over the file it starts from, as Hydra composes it."""
+    return registry.group_values("eval", "paper")
 
 
 def parameters(name: str) -> float:
     """Parameter count of a decoder-only backbone from its published shapes."""
-    s = load("backbone", name)["shapes"]
+    s = registry.group_values("backbone", name)["shapes"]
     h, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
     attn = 2 * h * s["num_attention_heads"] * s["head_dim"] + 2 * h * s["num_key_value_heads"] * s["head_dim"]
     embeddings = s["vocab_size"] * h * (1 if name in TIED_EMBEDDINGS else 2)
@@ -80,7 +71,7 @@ def parameters(name: str) -> float:
 def run_hours(name: str) -> tuple[float, float]:
     """(training hours, evaluation hours) of one run on `name` with train/paper and eval/paper."""
     n = parameters(name)
-    tokens = load("train", "paper")["steps"] * SEQUENCES_PER_STEP * MEAN_TOKENS
+    tokens = registry.group_values("train", "paper")["steps"] * SEQUENCES_PER_STEP * MEAN_TOKENS
     train = 6 * n * tokens / SUSTAINED_FLOPS / 3600
     ev = paper_eval()
     steps = sum(math.ceil(items / 32) * ev[key] for items, key in SUITES)

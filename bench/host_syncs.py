@@ -41,6 +41,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from bench.common import REPO, command_line, environment, table, write_json
+from bench.throughput import LoopVariant
+from experiments.train import train
 
 SCRIPT = "host_syncs"
 DEFAULT_METHODS = ("lora", "atlas")
@@ -189,9 +191,6 @@ def count_method(name: str, backbone: str, overrides: Sequence[str], steps: int,
     """Prepare `name` as run.py does and train `steps` steps under `HostSyncCounter` (emulating a device when training
     runs on the CPU); the counts per step by call and origin. `direct_per_step` counts the calls made by the suite's
     own code, `via_libraries_per_step` those made inside transformers, peft or torch."""
-    from bench.throughput import LoopVariant
-    from experiments.train import train
-
     variant = LoopVariant(name, backbone, overrides, scratch)
     cfg = dataclasses.replace(variant.train_cfg, steps=steps, warmup_steps=0, checkpoint_every=10**9,
                               keep_checkpoints=1, progress=False)

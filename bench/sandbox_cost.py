@@ -26,7 +26,11 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from bench.common import REPO, environment, interleaved, summary, table, write_json
+from experiments.evaluation.code_completion import build_check
+from sandbox import check_solutions, isolation_report
 
 SCRIPT = "sandbox_cost"
 
@@ -43,10 +47,6 @@ def problems(suite: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from experiments.evaluation.code_completion import build_check
-    from sandbox import check_solutions, isolation_report
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--suite", default="micro", choices=["micro", "humaneval"])

@@ -21,6 +21,7 @@ the bound can be compared with the filter ranks filter_energy actually keeps.
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
@@ -107,8 +108,6 @@ def measure_micro(settings_list, rank: int, seed: int) -> list[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    import argparse
-
     defaults = method_values("atlas")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))

@@ -61,10 +61,31 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM, Qwen3Config
 
 from atlas.atlas import EPS
 from atlas.layer import AtlasLinear, AtlasSite
-from bench.common import REPO, command_line, environment, interval_verdict, median_interval, summary, table, write_json
+from bench.common import (
+    REPO,
+    command_line,
+    environment,
+    interval_verdict,
+    median_interval,
+    preset_shapes,
+    summary,
+    table,
+    write_json,
+)
+from experiments.backbones import load_backbone, load_tokenizer
+from experiments.batching import sft_loss_sum, target_groups
+from experiments.config import TrainConfig, validate_config
+from experiments.data.benchmark import build_benchmark
+from experiments.job import Job, encode_target
+from experiments.methods import build_method
+from experiments.train import DataStream, train
 from suite_schema import registry, run_identity
 
 SCRIPT = "throughput"
@@ -74,16 +95,12 @@ TARGETS = {"lora": 1.0, "atlas": 0.8}  # share of plain full fine-tuning's token
 
 def compose(method: str, backbone: str, overrides: Sequence[str]):
     """The composed config of `python run.py method=<method> backbone=<backbone> <overrides>`."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         return hydra_compose("config", overrides=[f"method={method}", f"backbone={backbone}", *overrides])
 
 
 def has_length_groups() -> bool:
     """Whether this checkout's loop has `train.length_groups` (code from before it ran one padded batch)."""
-    from experiments.config import TrainConfig
-
     return "length_groups" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
@@ -91,10 +108,6 @@ def widened_backbone(backbone: str, shape: str, layers: Optional[int], folder: P
     """Save a random-init Qwen3 with the widths of preset `shape` (hidden, MLP, heads, layers; `layers` overrides the
     count) and the vocabulary and tokenizer of conf/backbone/`backbone` into `folder`; return the overrides that
     make it the backbone (`backbone.path`, `backbone.shapes`)."""
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    from bench.common import preset_shapes
-    from experiments.backbones import load_tokenizer
 
     cfg = compose("lora", backbone, []).backbone
     tokenizer = load_tokenizer(cfg)
@@ -116,12 +129,6 @@ class LoopVariant:
 
     def __init__(self, method_name: str, backbone: str, overrides: Sequence[str], scratch: Path,
                  label: Optional[str] = None) -> None:
-        from omegaconf import OmegaConf
-
-        from experiments.config import validate_config
-        from experiments.data.benchmark import build_benchmark
-        from experiments.job import Job, encode_target
-        from experiments.methods import build_method
 
         typed = validate_config(compose(method_name, backbone, overrides))
         run_id = run_identity.run_id_of(OmegaConf.to_container(typed, resolve=True))
@@ -139,8 +146,6 @@ class LoopVariant:
 
     def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
         """(real tokens, seconds) of `steps` training steps from the data stream's start, in a fresh run folder."""
-        from experiments.train import train
-
         self.calls += 1
         extra = {"length_groups": groups} if groups else {}
         cfg = dataclasses.replace(self.train_cfg, steps=steps, warmup_steps=0, checkpoint_every=10**9,
@@ -247,8 +252,6 @@ class PlainFullFT:
     """Plain full fine-tuning: every weight of a copy of the backbone, AdamW, dense rows of the same examples."""
 
     def __init__(self, model: torch.nn.Module, examples: list[dict], batch_size: int, lr: float, seed: int) -> None:
-        from experiments.train import DataStream
-
         self.model = copy.deepcopy(model).train()
         for p in self.model.parameters():
             p.requires_grad_(True)
@@ -279,8 +282,6 @@ class FrozenFloor:
     input embeddings, no adapter and no optimizer. No method that trains on these batches can be faster."""
 
     def __init__(self, model: torch.nn.Module, examples: list[dict], batch_size: int, pad_id: int, seed: int) -> None:
-        from experiments.train import DataStream
-
         self.model = copy.deepcopy(model).train()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -288,8 +289,6 @@ class FrozenFloor:
         self.examples, self.batch_size, self.pad_id, self.seed, self.stream_cls = examples, batch_size, pad_id, seed, DataStream
 
     def run(self, steps: int, groups: Optional[int]) -> tuple[int, float]:
-        from experiments.batching import sft_loss_sum, target_groups
-
         stream = self.stream_cls(len(self.examples), self.seed)
         tokens, seconds = 0, 0.0
         for _ in range(steps):
@@ -346,8 +345,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.layers and not args.shape:
         raise SystemExit("error: --layers needs --shape (the backbone's own model keeps its layers)")
     if args.shape:
-        from bench.common import preset_shapes
-
         preset_shapes(args.shape)  # an unknown preset stops here, with the allowed ones
 
     payload = {"script": SCRIPT, "command": command_line(f"bench.{SCRIPT}"), "environment": environment(torch.device("cpu")),
@@ -377,7 +374,6 @@ def _measure(args: argparse.Namespace, methods: list[str], group_counts: list, s
         prepare_s[label] = variants[label].prepare_s
         if transform is not None:
             transform(variants[label].model)
-    from experiments.backbones import load_backbone
 
     first = next(iter(variants.values()))
     backbone_model, _ = load_backbone(first.backbone_cfg, torch.device("cpu"))

@@ -33,10 +33,28 @@ from typing import Optional, Sequence
 import torch
 
 from bench.common import (
-    EARLIER_FILTERS, add_atlas, add_lora, clear_atlas_caches, command_line, common_parser, environment, interleaved, load_preset,
-    peak_memory, reset_peak_memory, settings, shared_copy, summary, table, timed, train_batch, use_legacy_atlas,
+    EARLIER_FILTERS,
+    add_atlas,
+    add_lora,
+    clear_atlas_caches,
+    command_line,
+    common_parser,
+    environment,
+    interleaved,
+    load_preset,
+    paired_target,
+    paired_target_line,
+    peak_memory,
+    reset_peak_memory,
+    selected_variants,
+    settings,
+    shared_copy,
+    summary,
+    table,
+    timed,
+    train_batch,
+    use_legacy_atlas,
     write_json,
-    selected_variants, paired_target, paired_target_line,
 )
 
 SCRIPT = "train_step"

@@ -9,11 +9,14 @@ LoRA-Null, EWC) all read retained inputs through this module.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from experiments.progress import progress_bar
 from experiments.prompts import collate
@@ -213,10 +216,6 @@ def load_or_build_site_tensors(
 
     Returns (tensors, sites, loaded). One tensor per site, however many modules read it.
     """
-    import json
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
 
     path = Path(path)
     if path.is_file():

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import HfApi, try_to_load_from_cache
+from huggingface_hub.constants import HF_HUB_OFFLINE
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from experiments.validation import ConfigError, not_allowed
 
@@ -58,8 +61,6 @@ def check_target_modules(model: torch.nn.Module, target_modules: list[str], key:
 
 def load_tokenizer(cfg: Any):
     """The backbone's tokenizer, with a pad token and the backbone's chat-template options attached."""
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(
         resolve_path(cfg.path), revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
     )
@@ -71,8 +72,6 @@ def load_tokenizer(cfg: Any):
 
 def load_model(cfg: Any, device: str | torch.device = "cpu") -> torch.nn.Module:
     """The backbone's causal LM in its configured dtype, in eval mode, with its target modules checked."""
-    from transformers import AutoModelForCausalLM
-
     if cfg.dtype not in DTYPES:
         raise not_allowed("backbone.dtype", cfg.dtype, f"one of {sorted(DTYPES)}", BackboneError)
     kwargs = {"dtype": DTYPES[cfg.dtype], "revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
@@ -116,8 +115,6 @@ def require_available(bb: Any) -> None:
             raise not_allowed("backbone.path", bb.path, f"a folder holding config.json and model weights ({local} "
                               f"lacks {lacks})", BackboneError)
         return
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.constants import HF_HUB_OFFLINE
 
     def cached(name: str) -> bool:
         return isinstance(try_to_load_from_cache(path, name, revision=bb.revision), str)
@@ -129,7 +126,6 @@ def require_available(bb: Any) -> None:
     if HF_HUB_OFFLINE:
         raise not_allowed("backbone.path", path, f"a backbone in the local hub cache while HF_HUB_OFFLINE is set; {how}",
                           BackboneError)
-    from huggingface_hub import HfApi
 
     try:
         HfApi().model_info(path, revision=bb.revision, timeout=HUB_CHECK_TIMEOUT_S)
@@ -140,8 +136,6 @@ def require_available(bb: Any) -> None:
 
 def preflight_backbone(bb: Any) -> None:
     """Check the backbone's target modules on a weightless (meta-device) model built from its config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     config = AutoConfig.from_pretrained(resolve_path(bb.path), revision=bb.revision, trust_remote_code=bb.trust_remote_code)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=bb.trust_remote_code)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from experiments import records, rerun, reuse, run_lock
@@ -35,10 +36,12 @@ from experiments.calibration import encode_target_item
 from experiments.config import eval_config, resolved_train, validate_config
 from experiments.data.benchmark import Benchmark, build_benchmark
 from experiments.data.loaders import DataError
+from experiments.evaluation.evaluate import evaluate_run
+from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.logger import make_logger
-from experiments.methods import Method, MethodConfigError, RunContext, build_method
+from experiments.methods import Method, MethodConfigError, RunContext, build_method, method_class
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
 from experiments.train import TrainResult, seed_everything, train
 from experiments.validation import ConfigError
@@ -63,8 +66,6 @@ def run_id_for(cfg: DictConfig) -> str:
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
     """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         if HydraConfig.initialized():
             return Path(HydraConfig.get().runtime.output_dir)
     except ImportError:  # pragma: no cover
@@ -95,8 +96,6 @@ def encode_target(benchmark: Benchmark, tokenizer: Any, chat_template: bool, max
 def required_scales(typed: Any) -> list[float]:
     """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
     method that does not train (the base model is the same at every scale)."""
-    from experiments.methods import method_class
-
     try:
         trains = method_class(typed.method._target_).trains
     except MethodConfigError:
@@ -108,8 +107,6 @@ def discard_rejected_run_dir() -> None:
     """Remove the run directory Hydra made for a run rejected before any work (one holding nothing but `.hydra/`),
     so a bad config leaves no folder behind for the report to count as a run."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         out = Path(HydraConfig.get().runtime.output_dir)
     except Exception:  # not under Hydra: nothing was made
         return
@@ -302,16 +299,12 @@ class Job:
 
     def reference(self):
         """The base model's reference cache of this benchmark (built on first use)."""
-        from experiments.evaluation.reference_cache import get_reference
-
         return get_reference(self.base_model(), self.tokenizer, self.benchmark, self.eval_cfg, self.key,
                              self.typed.backbone.chat_template)
 
     def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, *, summary: dict, stored_bytes: int,
                  result: Optional[TrainResult]) -> dict:
         """Evaluate `model` as it is now and write its code samples and complete record into `out_dir`."""
-        from experiments.evaluation.evaluate import evaluate_run
-
         base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
         metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,

@@ -23,6 +23,7 @@ class WandbLogger:
     """W&B run whose id is the run id, so a resumed or requeued run continues the same W&B run."""
 
     def __init__(self, cfg: Any, run_id: str, run_dir: Path, config: dict, name: str) -> None:
+        # here, not at the top: only logger=wandb needs it, and wandb takes a second to import
         import wandb
 
         self._wandb = wandb

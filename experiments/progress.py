@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable, Optional, TextIO
 
+from tqdm.auto import tqdm
+
 #: Seconds between two progress lines when the output is not a terminal.
 PLAIN_INTERVAL_S = 30.0
 
@@ -40,8 +42,6 @@ def _is_terminal(stream: Any) -> bool:
 
 def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
     """`tqdm(iterable, **kwargs)` on a terminal; elsewhere the same bar as plain lines every `PLAIN_INTERVAL_S`."""
-    from tqdm.auto import tqdm
-
     stream = kwargs.pop("file", None) or sys.stderr
     if not kwargs.get("disable") and not _is_terminal(stream):
         kwargs.update(file=PlainLines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S,

@@ -128,6 +128,7 @@ def _machine() -> tuple:
         pass
     capability = device = None
     try:
+        # here, not at the top: Hydra's start imports this module through the sweep planner; torch loads only for a record
         import torch
 
         capability = torch.backends.cpu.get_cpu_capability()

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 
 def _run_id(*, _root_: DictConfig) -> str:
+    # here, not at the top: run.py registers the resolver before Hydra parses --help or --cfg (no torch until a run id)
     from experiments.job import run_id_for
 
     return run_id_for(OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"]))

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+from transformers import get_scheduler
 
 from experiments.batching import sft_loss_sum, target_groups
 from experiments.config import TrainConfig
@@ -90,8 +91,6 @@ class DataStream:
 
 def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup: int, total: int):
     """Learning-rate schedule from transformers: constant, linear or cosine decay after linear warmup."""
-    from transformers import get_scheduler
-
     name = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}[kind]
     return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total, 1))
 

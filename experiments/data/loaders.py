@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+import datasets
+
 from experiments.data.mbpp_conversion import mbpp_to_humaneval
 from experiments.validation import ConfigError
 
@@ -83,8 +85,6 @@ def read_records(path: Path) -> list[dict]:
 
 
 def _hub_records(source: str, split: str, hub_config: Optional[str]) -> list[dict]:
-    import datasets
-
     ds = datasets.load_dataset(source, hub_config, split=split)
     return [dict(r) for r in ds]
 

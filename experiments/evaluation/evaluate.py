@@ -32,12 +32,17 @@ from typing import Any
 
 from experiments import prompts as P
 from experiments.disk_cache import sha256_of
+from experiments.evaluation.answers import accuracy, answer_change_rate, choice_flip_rate, extract_math_answer
+from experiments.evaluation.code_completion import build_check
 from experiments.evaluation.config import EvalConfig, require_eval_config
 from experiments.evaluation.generation import generate, pad_token_id
-from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, get_reference
+from experiments.evaluation.lm_eval_runner import LOCAL_PREFIX, run_lm_eval, write_jsonl, write_local_tasks
+from experiments.evaluation.pass_at_k import summarize_pass_at_k
+from experiments.evaluation.reference_cache import ModelOrFactory, ReferenceCache, _resolve, get_reference
 from experiments.evaluation.retained_kl import retained_kl
 from experiments.evaluation.scoring import score_choices
 from experiments.progress import progress_bar
+from sandbox import check_solutions, isolation_report
 
 
 def evaluate_run(
@@ -122,8 +127,6 @@ def check_kl(domain: str, kl: dict, source: Any) -> None:
 
 
 def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing):
-    from experiments.evaluation.answers import accuracy, answer_change_rate, choice_flip_rate, extract_math_answer
-
     pad_id = pad_token_id(tokenizer)
     kl_s = 0.0
     retained: dict[str, dict] = {}
@@ -163,10 +166,6 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
 
 
 def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progress, timing, samples) -> dict:
-    from experiments.evaluation.code_completion import build_check
-    from experiments.evaluation.pass_at_k import summarize_pass_at_k
-    from sandbox import check_solutions, isolation_report
-
     # Before any generation: a machine where no sandbox mode works (or where the interpreter's
     # imports would fail inside) stops here with the reason instead of scoring every solution 0.
     sandbox = isolation_report()
@@ -234,9 +233,6 @@ def _lm_eval(model, base_model, tokenizer, benchmark, cfg: EvalConfig, chat_temp
     evaluation items (so they run offline); other names resolve through lm-eval's registry and
     `lm_eval_include_path`.
     """
-    from experiments.evaluation.lm_eval_runner import LOCAL_PREFIX, run_lm_eval, write_jsonl, write_local_tasks
-    from experiments.evaluation.reference_cache import _resolve
-
     with tempfile.TemporaryDirectory(prefix="atlas-lm-eval-") as tmp:
         tmp_dir = Path(tmp)
         local = {}
@@ -292,6 +288,7 @@ def _read_checked(path: Path) -> Any:
 
 def _lm_eval_key(cfg: EvalConfig, chat_template: bool, local_dir: Path) -> str:
     """Hash of what the base's lm-eval numbers depend on beyond the reference key (the folder's name)."""
+    # here, not at the top: only eval.lm_eval_tasks needs it, and lm-eval loads its task registry on import
     import lm_eval
 
     h = hashlib.sha256(json.dumps({

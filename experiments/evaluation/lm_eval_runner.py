@@ -18,6 +18,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from experiments.evaluation.answers import extract_math_answer
+
 TEMPLATE_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
 TEMPLATES = {"math": "atlas_math.yaml", "choice": "atlas_choice.yaml"}
 LOCAL_PREFIX = "atlas_"
@@ -25,15 +27,11 @@ LOCAL_PREFIX = "atlas_"
 
 def math_gold_answer(doc: dict) -> str:
     """The gold final number of a GSM8K-format item (lm-eval `doc_to_target`)."""
-    from experiments.evaluation.answers import extract_math_answer
-
     return extract_math_answer(doc["answer"]) or ""
 
 
 def math_answer_filter(resps: Sequence[Sequence[str]], docs: Sequence[dict]) -> list[list[str]]:
     """lm-eval custom filter: each generated response -> its extracted final number ("" when none)."""
-    from experiments.evaluation.answers import extract_math_answer
-
     return [[extract_math_answer(r) or "" for r in rs] for rs in resps]
 
 
@@ -101,6 +99,7 @@ def run_lm_eval(
     `include_defaults` (lm-eval's built-in task registry) defaults to True exactly when some task
     is not a local `atlas_*` task, so an all-local evaluation never indexes hub tasks.
     """
+    # here, not at the top: only eval.lm_eval_tasks needs it, and lm-eval loads its task registry on import
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

@@ -23,7 +23,11 @@ from typing import Optional, Sequence
 import torch
 
 from experiments import records
+from experiments.backbones import load_model
+from experiments.calibration import held_out_sequences
 from experiments.evaluation.trained_run import load_run
+from experiments.methods import method_class
+from experiments.prompts import collate
 
 TARGET_GROUP = "target"
 
@@ -32,8 +36,6 @@ TARGET_GROUP = "target"
 def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequence[dict], pad_id: int,
              batch_size: int = 16) -> torch.Tensor:
     """(n,) KL(base || trained) in nats at every labelled token (labels != -100) of `sequences`, float32."""
-    from experiments.prompts import collate
-
     out = []
     for i in range(0, len(sequences), batch_size):
         batch = collate(list(sequences[i:i + batch_size]), pad_id)
@@ -49,10 +51,6 @@ def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequenc
 def movement(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
     """Mean per-token KL(base || trained) per retained domain and on the target, and the selectivity, of one run
     (the base's responses come from the reference cache in `cache_dir`, as evaluation resolves it)."""
-    from experiments.backbones import load_model
-    from experiments.calibration import held_out_sequences
-    from experiments.methods import method_class
-
     run = load_run(Path(run_dir), data_root, cache_dir)
     typed, tokenizer, base, record = run.config, run.tokenizer, run.base, run.record
     retained, target = held_out_sequences(run.ctx)

@@ -44,7 +44,8 @@ from safetensors.torch import load_file, save_file
 
 from experiments import prompts as P
 from experiments.disk_cache import exclusive_lock, file_checksums, is_complete, usable
-from experiments.evaluation.config import EvalConfig
+from experiments.evaluation.answers import extract_math_answer
+from experiments.evaluation.config import EvalConfig, require_eval_config
 from experiments.evaluation.generation import encode_prompts, generate, pad_token_id
 from experiments.evaluation.retained_kl import (
     LOGPROB_TORCH_DTYPES,
@@ -248,8 +249,6 @@ def get_reference(
     disabled), or a zero-argument callable returning it. The key needs the base's weights
     fingerprint, so the callable is always called; on a hit no forward pass runs.
     """
-    from experiments.evaluation.config import require_eval_config
-
     require_eval_config(cfg)
     base = _resolve(base_model)
     key, components = reference_key(base, tokenizer, benchmark, cfg, backbone_key, chat_template)
@@ -280,8 +279,6 @@ def output_vocab_size(model: Any) -> int:
 
 
 def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path: Path, progress: bool) -> None:
-    from experiments.evaluation.answers import extract_math_answer
-
     t_start = time.perf_counter()
     pad_id = pad_token_id(tokenizer)
     was_training = base.training

@@ -18,8 +18,15 @@ import json
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from experiments import records
+from experiments.config import BenchmarkConfig
+from experiments.data.benchmark import build_benchmark
+from experiments.evaluation.code_completion import build_check
+from experiments.evaluation.config import as_eval_config
 from experiments.progress import progress_bar
+from sandbox import check_solutions
 from suite_schema import layout
 
 
@@ -29,13 +36,6 @@ def rescore(run_dir: Path, workers: int = 2, progress: bool = False, data_root: 
     ``data_root`` is the benchmark's ``data_root`` (not part of a record: it does not change
     what a run computes); None reads the datasets from where the benchmark config says.
     """
-    from omegaconf import OmegaConf
-
-    from experiments.config import BenchmarkConfig
-    from experiments.data.benchmark import build_benchmark
-    from experiments.evaluation.code_completion import build_check
-    from experiments.evaluation.config import as_eval_config
-    from sandbox import check_solutions
 
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)

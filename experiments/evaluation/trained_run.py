@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
 
 from experiments import records
+from experiments.backbones import backbone_key, load_backbone
+from experiments.config import eval_config, validate_config
+from experiments.data.benchmark import build_benchmark
+from experiments.evaluation.reference_cache import get_reference
+from experiments.job import run_context
+from experiments.methods import method_class, param_names
 from suite_schema import layout, run_identity
 from suite_schema.registry import CONF
 
@@ -34,11 +42,6 @@ def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional
     """The validated config of a record: the record's config over the suite's defaults (presentation keys such as
     `benchmark.data_root` and `eval.cache_dir` are not part of a record; `data_root` and `cache_dir` set them). A key
     of `LATER_KEYS` the record lacks takes its earlier value, the behaviour the run had, not today's default."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
-
-    from experiments.config import validate_config
-    from experiments.methods import method_class, param_names
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[])
@@ -59,12 +62,6 @@ def config_of(record: dict, data_root: Optional[str] = None, cache_dir: Optional
 def load_run(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> TrainedRun:
     """Load a complete run that exported a trained method (`ValueError` naming what is missing otherwise); the base
     model's responses come from the reference cache in `cache_dir`, as evaluation resolves it."""
-    from experiments.backbones import backbone_key, load_backbone
-    from experiments.config import eval_config
-    from experiments.data.benchmark import build_benchmark
-    from experiments.evaluation.reference_cache import get_reference
-    from experiments.job import run_context
-
     run_dir = Path(run_dir)
     record = records.read_record(run_dir)
     if record is None or record.get("status") != layout.STATUS_COMPLETE:

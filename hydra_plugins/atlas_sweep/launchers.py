@@ -13,6 +13,7 @@ imported by Hydra's plugin scan on every start, so it imports nothing heavy at m
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from experiments.validation import ConfigError
+from hydra_plugins.atlas_sweep import planner as sweep
 
 
 class LocalSweepLauncher(BasicLauncher):
@@ -43,8 +47,6 @@ class LocalSweepLauncher(BasicLauncher):
     def parallel_settings(self) -> tuple[int, int]:
         """(jobs at a time, intra-op threads per job), checked: `jobs` an integer >= 1, `threads_per_job` null or an
         integer >= 1 (null: this machine's cores divided among the jobs, at least 1)."""
-        from experiments.validation import ConfigError
-
         jobs, threads = self.jobs, self.threads_per_job
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ConfigError(f"hydra.launcher.jobs={jobs!r} is not allowed: an integer >= 1 (runs at a time)")
@@ -56,9 +58,6 @@ class LocalSweepLauncher(BasicLauncher):
         return jobs, threads
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hydra_plugins.atlas_sweep import planner as sweep
-        from experiments.validation import ConfigError
-
         setup_globals()
         assert self.config is not None and self.hydra_context is not None
         try:
@@ -99,11 +98,8 @@ class LocalSweepLauncher(BasicLauncher):
 
     def _launch_parallel(self, plan: Sequence[Any], folder: Path, jobs: int, threads: int) -> list[JobReturn]:
         """Run the plan's runs to launch, `jobs` at a time, each a submitit local job; fills in their states."""
-        import signal
-
+        # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
         import submitit
-
-        from hydra_plugins.atlas_sweep import planner as sweep
 
         returns = [sweep.skipped_return(run) for run in plan if run.state is not None]
         todo = [run for run in plan if run.state is None]
@@ -172,6 +168,7 @@ class LocalSweepLauncher(BasicLauncher):
 
 def shared_gpus() -> int:
     """How many CUDA devices this process sees (0 without CUDA); parallel local jobs would share them."""
+    # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -182,9 +179,8 @@ def run_submitit_job(hydra_context: Any, task_function: Any, launch_cwd: Optiona
     """One sweep job inside a submitit job's process (local or SLURM): back to the launch directory (relative
     paths in the config mean what they meant there) with the launcher's Hydra state, the job's id and number in
     `hydra.job`, then Hydra's `run_job` on the job's composed config; returns its JobReturn."""
+    # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
     import submitit
-
-    from hydra_plugins.atlas_sweep import planner as sweep
 
     if launch_cwd:
         os.chdir(launch_cwd)
@@ -209,9 +205,8 @@ class LocalJobTask:
         self.launch_cwd, self.singleton_state, self.threads = launch_cwd, singleton_state, threads
 
     def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:
+        # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
         import torch
-
-        from hydra_plugins.atlas_sweep import planner as sweep
 
         torch.set_num_threads(self.threads)  # a run's `train.num_threads`, when set, still decides
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # for the processes the run starts
@@ -248,8 +243,8 @@ class SlurmSweepLauncher(SlurmLauncher):
     # ---- on the submitting machine
 
     def _executor(self, folder: Path, code: Path) -> Any:
+        # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
         import submitit
-
         from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
         params = dict(self.params)
@@ -263,8 +258,6 @@ class SlurmSweepLauncher(SlurmLauncher):
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from hydra_plugins.atlas_sweep import planner as sweep
-
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         plan = sweep.plan_or_exit(self.config, self.hydra_context, job_overrides, initial_job_idx)
@@ -312,8 +305,6 @@ class SlurmSweepLauncher(SlurmLauncher):
 
     @staticmethod
     def _wait(todo: Sequence[Any], jobs: Sequence[Any]) -> list[Any]:
-        from hydra_plugins.atlas_sweep import planner as sweep
-
         outcomes: list[Any] = [None] * len(jobs)
         pending = set(range(len(jobs)))
         try:
@@ -342,7 +333,7 @@ class SlurmSweepLauncher(SlurmLauncher):
     # ---- on the compute node
 
     def __call__(self, sweep_config: DictConfig, job_num: int) -> JobReturn:  # type: ignore[override]
-        from hydra_plugins.atlas_sweep import planner as sweep
+        # here, not at the top: Hydra imports every plugin at start; torch and submitit load only when a sweep launches
         from experiments.train import Preempted
 
         self.requeued = False
@@ -371,8 +362,6 @@ class SlurmSweepLauncher(SlurmLauncher):
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Called by submitit on USR2: resubmit this same job; it resumes from the run's newest checkpoint."""
-        from hydra_plugins.atlas_sweep import planner as sweep
-
         sweep.log("requeueing this job; it resumes from the run's newest checkpoint")
         self.requeued = True  # reset when the requeued job starts (`__call__`)
         return super().checkpoint(*args, **kwargs)

@@ -24,6 +24,7 @@ holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs
 """
 
 
+import argparse
 import json
 import os
 import shutil
@@ -38,7 +39,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from experiments import records
+import experiments
+from experiments import exit_codes, records, rerun
+from experiments.log import console
+from experiments.run_id import register_run_id_resolver
+from experiments.validation import ConfigError
 from suite_schema import layout, run_identity
 
 SWEEPS_DIR = ".sweeps"
@@ -58,15 +63,11 @@ SNAPSHOT_COPY_LIMIT = 10 * 2**20
 
 def log(message: str) -> None:
     """A `[sweep] ...` line on stdout (experiments.log)."""
-    from experiments.log import console
-
     console().getChild("sweep").info(message)
 
 
 def ensure_run_id_resolver() -> None:
     """The `${run_id:}` resolver (`experiments.run_id`); SLURM jobs do not run run.py."""
-    from experiments.run_id import register_run_id_resolver
-
     register_run_id_resolver()
 
 
@@ -104,9 +105,8 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
 
     Raises ConfigError naming each job whose config is invalid (nothing has been launched then).
     """
-    from experiments import rerun
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.config import validate_config
-    from experiments.validation import ConfigError
     from experiments.job import USER_ERRORS, required_scales
 
     ensure_run_id_resolver()
@@ -157,6 +157,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
 def check_backbones(plan: Sequence[PlannedRun]) -> None:
     """Once per backbone among the jobs to launch: its weights can be read or fetched (`require_available`);
     raises its one-line BackboneError (nothing launched) otherwise."""
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.backbones import require_available
     from experiments.config import validate_config
 
@@ -173,6 +174,7 @@ def check_backbones(plan: Sequence[PlannedRun]) -> None:
 def plan_or_exit(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],
                  initial_job_idx: int) -> list[PlannedRun]:
     """plan_sweep, ending the process with the one-line errors and exit code 2 of run.py on a bad config."""
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.job import USER_ERRORS
 
     try:
@@ -321,14 +323,13 @@ class JobExited(RuntimeError):
     @property
     def interrupted(self) -> bool:
         """The run was stopped by a signal (and recorded itself interrupted): a sweep stops launching runs."""
-        from experiments import exit_codes
-
         return self.code == exit_codes.INTERRUPTED
 
 
 def stops_the_sweep(error: Optional[BaseException]) -> bool:
     """Whether a job's outcome means a signal asked the sweep to stop: the run raised `Preempted` (a checkpoint
     was saved) or its entry point exited with the interrupted code."""
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.train import Preempted
 
     return isinstance(error, Preempted) or (isinstance(error, JobExited) and error.interrupted)
@@ -345,8 +346,6 @@ def failed_return(run: PlannedRun, error: BaseException) -> JobReturn:
 
 def code_root() -> Path:
     """The folder holding the suite's code (run.py, conf/, the packages)."""
-    import experiments
-
     return Path(experiments.__file__).resolve().parents[1]
 
 
@@ -491,8 +490,6 @@ def summarise_folder(folder: Path) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m hydra_plugins.atlas_sweep.planner", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("summary", help="summarise a sweep folder again from the run directories")

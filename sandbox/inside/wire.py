@@ -248,14 +248,17 @@ def _decode(data, classes, depth):
     if tag == "ellipsis":
         return Ellipsis
     if tag == "decimal":
+        # here, not at the top: every sandboxed process loads this module; only values of this type need it
         import decimal
 
         return decimal.Decimal(str(body))
     if tag == "fraction":
+        # here, not at the top: every sandboxed process loads this module; only values of this type need it
         import fractions
 
         return fractions.Fraction(*_ints(seq(), 2))
     if tag in ("OrderedDict", "Counter", "defaultdict", "deque"):
+        # here, not at the top: every sandboxed process loads this module; only values of this type need it
         import collections
 
         if tag == "OrderedDict":

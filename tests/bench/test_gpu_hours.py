@@ -1,6 +1,7 @@
 """bench.gpu_hours reads the configs as Hydra composes them and prices every paper preset, scales included."""
 
 from bench import gpu_hours
+from suite_schema import registry
 
 
 def test_every_paper_preset_is_priced_and_scales_cost_evaluations(capsys):
@@ -9,7 +10,7 @@ def test_every_paper_preset_is_priced_and_scales_cost_evaluations(capsys):
     assert gpu_hours.evaluations_per_run("paper_main") == 5 and gpu_hours.evaluations_per_run("paper_retained") == 1
     gpu_hours.main()
     out = capsys.readouterr().out
-    presets = sorted(p.stem for p in (gpu_hours.CONF / "experiment").glob("paper_*.yaml"))
+    presets = [p for p in registry.group_options("experiment") if p.startswith("paper_")]
     assert set(presets) == set(gpu_hours.PRESETS)
     for preset in presets:
         assert f"| `{preset}` |" in out

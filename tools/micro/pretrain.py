@@ -35,12 +35,22 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from tools.micro import world as micro
+from experiments.prompts import (
+    choice_prompt,
+    choice_response,
+    code_problem_prompt,
+    encode_prompt,
+    encode_response,
+    math_prompt,
+    math_response,
+)
 from tools.micro import quick_eval
-from experiments.prompts import (choice_prompt, choice_response, code_problem_prompt, encode_prompt, encode_response,
-                                math_prompt, math_response)
+from tools.micro import world as micro
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -104,9 +114,6 @@ def render_pairs(splits: dict[str, list[dict]]) -> dict[str, list[tuple[str, str
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE with digits split one per token, as a `PreTrainedTokenizerFast`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -161,8 +168,6 @@ def build_blocks(tokenizer, docs: dict[str, list[tuple[str, str]]], recipe: Reci
 
 
 def build_model(recipe: Recipe, tokenizer):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, intermediate_size=recipe.intermediate_size,
         num_hidden_layers=recipe.num_layers, num_attention_heads=recipe.num_heads,
@@ -222,9 +227,11 @@ def quick_checks(model, tokenizer, splits: dict, n: Optional[int], recipe: Recip
 
 
 def save_loss_curve(history: list[dict], path: Path) -> None:
+    # here, not at the top: matplotlib.use('Agg') must run before pyplot loads, and only the loss curve needs them
     import matplotlib
 
     matplotlib.use("Agg")
+    # here, not at the top: matplotlib.use('Agg') must run before pyplot loads, and only the loss curve needs them
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -241,8 +248,6 @@ def save_loss_curve(history: list[dict], path: Path) -> None:
 
 def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) -> dict:
     """Run the whole recipe; returns the log that is also written to `out/pretrain_log.json`."""
-    from transformers import GenerationConfig
-
     t0 = time.time()
     torch.set_num_threads(recipe.threads)
     random.seed(recipe.seed)
@@ -332,7 +337,6 @@ def run(out: str | Path, recipe: Recipe, data_dir: Optional[str | Path] = None) 
                    f"code pass@1 {c['code_pass@1']:.3f}")
 
     timings["total_s"] = time.time() - t0
-    import transformers
 
     log = {
         "recipe": asdict(recipe),

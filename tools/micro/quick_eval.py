@@ -18,7 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Sequence
 
+from experiments.evaluation.code_completion import build_check
+from experiments.evaluation.generation import generate
+from experiments.evaluation.scoring import score_choices
 from experiments.prompts import code_problem_prompt, math_prompt
+from sandbox import check_solutions
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -51,8 +55,6 @@ def greedy_generate(
     model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 64
 ) -> list[str]:
     """Greedy responses to `prompts` (the evaluation's `generation.generate`, so the same tokenisation rule)."""
-    from experiments.evaluation.generation import generate
-
     return generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size).texts
 
 
@@ -69,8 +71,6 @@ def math_exact_match(model: Any, tokenizer: Any, items: Sequence[dict], max_new_
 def choice_accuracy(model: Any, tokenizer: Any, items: Sequence[dict], batch_size: int = 96) -> dict:
     """Accuracy of the highest log-likelihood choice (`acc`) and its length-normalised variant (`acc_norm`),
     scored by the evaluation's `scoring.score_choices`."""
-    from experiments.evaluation.scoring import score_choices
-
     scores = score_choices(model, tokenizer, items, chat_template=False, batch_size=batch_size)
     n = max(len(items), 1)
     gold = [it["answer_index"] for it in items]
@@ -86,9 +86,6 @@ def completions_pass(problems: Sequence[dict], completions: Sequence[str]) -> li
     the test and the model's code run in separate sandboxed processes. Raises RuntimeError when
     the sandbox cannot run here (a check that could not run is not a failed solution).
     """
-    from experiments.evaluation.code_completion import build_check
-    from sandbox import check_solutions
-
     results = check_solutions([build_check(p, c) for p, c in zip(problems, completions)])
     broken = [r.reason for r in results if r.status == "sandbox_error"]
     if broken:
