@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import HfApi, try_to_load_from_cache
-from huggingface_hub.constants import HF_HUB_OFFLINE
+from huggingface_hub import constants as hub_constants
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from experiments.validation import ConfigError, not_allowed
@@ -123,7 +123,7 @@ def require_available(bb: Any) -> None:
         return
     how = (f"download it first (`huggingface-cli download {path}` where the hub is reachable, then copy the hub "
            "cache here) or set backbone.path to a local folder holding it")
-    if HF_HUB_OFFLINE:
+    if hub_constants.HF_HUB_OFFLINE:  # read at call time: the hub client sets it from the environment
         raise not_allowed("backbone.path", path, f"a backbone in the local hub cache while HF_HUB_OFFLINE is set; {how}",
                           BackboneError)
 
