@@ -36,6 +36,7 @@ SCRIPT = "sandbox_cost"
 
 
 def problems(suite: str) -> list[dict]:
+    """The problems of `suite`: the micro benchmark's test split, or HumanEval from ../shared/data."""
     if suite == "micro":
         path = REPO / "assets" / "micro" / "data" / "code" / "test.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()]
@@ -53,10 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="only the suite's first N problems (default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        raise SystemExit(f"error: --limit {args.limit}: must be >= 1")
 
-    items = problems(args.suite)
+    items = problems(args.suite)[: args.limit]
     programs = [f"{p['prompt']}{p['canonical_solution']}\n{p['test']}\ncheck({p['entry_point']})\n" for p in items]
     checks = [build_check(p, p["canonical_solution"]) for p in items]
     report = isolation_report()

@@ -27,11 +27,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-from omegaconf import OmegaConf
 
 from atlas.footprint import footprint
 from bench.common import (
-    REPO,
     Settings,
     add_atlas,
     add_lora,
@@ -42,7 +40,7 @@ from bench.common import (
     table,
     write_json,
 )
-from suite_schema.registry import method_values
+from suite_schema import registry
 
 SCRIPT = "storage"
 PAPER = ["qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"]
@@ -67,12 +65,13 @@ def label(k: int, r: int, p: Optional[int]) -> str:
 
 
 def estimate(backbone: str, rank: int, k: int, r: int, p: Optional[int] = None) -> dict:
-    cfg = OmegaConf.load(REPO / "conf" / "backbone" / f"{backbone}.yaml")
-    shapes = OmegaConf.to_container(cfg.shapes)
-    est = footprint(shapes, rank, k, r, list(cfg.target_modules), bytes_per_value=1, filter_basis=p)
-    atlas_bytes = est["atlas_params"] * DTYPE_BYTES[cfg.dtype]
+    """Atlas and adapter sizes of `backbone` (its conf/backbone shapes, no weights) at rank `rank` and setting K:R[:P],
+    every filter at its cap: parameter counts, bytes in the backbone's dtype and as stored, ratios to LoRA."""
+    cfg = registry.group_values("backbone", backbone)
+    est = footprint(cfg["shapes"], rank, k, r, list(cfg["target_modules"]), bytes_per_value=1, filter_basis=p)
+    atlas_bytes = est["atlas_params"] * DTYPE_BYTES[cfg["dtype"]]
     adapter_bytes = est["lora_params"] * FACTOR_BYTES
-    return {"backbone": backbone, "dtype": cfg.dtype, "num_centers": k, "filter_rank": r, "filter_basis": p,
+    return {"backbone": backbone, "dtype": cfg["dtype"], "num_centers": k, "filter_rank": r, "filter_basis": p,
             "rank": rank,
             "layers": est["layers"], "lora_params": est["lora_params"], "atlas_params": est["atlas_params"],
             "ratio_same_dtype": est["ratio_to_lora"],
@@ -108,7 +107,7 @@ def measure_micro(settings_list, rank: int, seed: int) -> list[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    defaults = method_values("atlas")
+    defaults = registry.method_values("atlas")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backbones", default=",".join(["micro", *PAPER]))
     first = ":".join(str(defaults[k]) for k in ("num_centers", "filter_rank", "filter_basis") if defaults[k] is not None)

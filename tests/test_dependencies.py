@@ -9,9 +9,10 @@ import ast
 import importlib.metadata
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import Iterator
+
+import tomllib
 
 from tests.conftest import REPO
 

@@ -8,9 +8,9 @@ import pytest
 from analysis_synth import record, write
 
 from analysis import schema
-from suite_schema import layout
 from analysis.cli import main
 from analysis.collect import collect, read_table, record_from_wandb, unflatten, write_table
+from suite_schema import layout
 
 
 def _by_kind(col):

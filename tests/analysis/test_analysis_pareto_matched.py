@@ -9,8 +9,16 @@ from analysis_synth import record, sweep
 
 from analysis import schema
 from analysis.collect import make_table
-from analysis.matched import (compare, gain_range, parse_level, parse_levels, parse_reference, per_seed_matched,
-                              summarize_matched, threshold)
+from analysis.matched import (
+    compare,
+    gain_range,
+    parse_level,
+    parse_levels,
+    parse_reference,
+    per_seed_matched,
+    summarize_matched,
+    threshold,
+)
 from analysis.pareto import domains, envelope_line, envelope_value, frontier, frontier_mask, run_fronts, sweep_points
 
 T975 = {1: 12.706204736, 2: 4.302652730}

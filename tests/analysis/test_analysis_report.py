@@ -49,6 +49,7 @@ def report(tmp_path_factory):
     return root, out, rep
 
 
+@pytest.mark.slow
 def test_report_writes_every_table_figure_and_index(report):
     root, out, rep = report
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
@@ -76,6 +77,7 @@ def test_report_writes_every_table_figure_and_index(report):
     assert "## Code versions" in index and "| abc | no | 27 |" in index and "code versions (see" not in index
 
 
+@pytest.mark.slow
 def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
     records = [r for r in scenario() if r["backbone"] == "micro"]
     for i, rec in enumerate(records):
@@ -90,6 +92,7 @@ def test_report_lists_code_versions_and_warns_when_runs_mix_them(tmp_path):
     assert "the runs come from 2 code versions (see Code versions)" in index
 
 
+@pytest.mark.slow
 def test_a_run_trained_by_another_run_counts_for_the_code_that_trained_it(tmp_path):
     records = [r for r in scenario() if r["backbone"] == "micro"]
     for i, rec in enumerate(records):
@@ -108,6 +111,7 @@ def test_a_run_trained_by_another_run_counts_for_the_code_that_trained_it(tmp_pa
     assert "the runs come from 2 code versions (see Code versions)" in index
 
 
+@pytest.mark.slow
 def test_report_warns_when_runs_were_trained_with_different_thread_counts(tmp_path):
     records = [r for r in scenario() if r["backbone"] == "micro"]
     for i, rec in enumerate(records):
@@ -129,6 +133,7 @@ def test_report_warns_when_runs_were_trained_with_different_thread_counts(tmp_pa
     assert "thread counts" not in index
 
 
+@pytest.mark.slow
 def test_report_warns_when_runs_were_made_on_different_machines(tmp_path):
     records = [r for r in scenario() if r["backbone"] == "micro"]
     xeon = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512", "cuda_device": None}
@@ -167,6 +172,7 @@ def test_report_tables_hold_the_known_values(report):
     assert len(points) == 1 + 3 * 9   # 9 sweep points (base, atlas x3, lora x3, ewc, atlas_nogate) x 3 domains
 
 
+@pytest.mark.slow
 def test_report_files_are_deterministic_and_checkable(report):
     root, out, rep = report
     for png in sorted((out / "figures").glob("*.png")):
@@ -209,6 +215,7 @@ def test_report_without_complete_runs_does_not_crash(tmp_path):
     assert len(rep.collection.skipped) == 2
 
 
+@pytest.mark.slow
 def test_cli_report_and_check(tmp_path, capsys, monkeypatch):
     for seed in range(2):
         write(tmp_path / "runs", record("atlas", seed, 0.3 + seed / 100, {"math": 0.01 + seed / 100}))
@@ -235,6 +242,7 @@ def test_cli_report_and_check(tmp_path, capsys, monkeypatch):
     assert "'steps' is not KNOB=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_entry_point_imports_nothing_from_the_training_packages(tmp_path):
     banned = ("atlas", "baselines", "experiments")
     for path in sorted((REPO / "analysis").glob("*.py")):

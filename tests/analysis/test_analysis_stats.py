@@ -9,8 +9,17 @@ import pytest
 import scipy.special
 import scipy.stats
 
-from analysis.stats import (BOOTSTRAP_EXACT_MAX_N, BOOTSTRAP_RESAMPLES, betainc, bootstrap_interval, paired,
-                            sign_test, summarize, t_quantile, t_sf2)
+from analysis.stats import (
+    BOOTSTRAP_EXACT_MAX_N,
+    BOOTSTRAP_RESAMPLES,
+    betainc,
+    bootstrap_interval,
+    paired,
+    sign_test,
+    summarize,
+    t_quantile,
+    t_sf2,
+)
 
 DFS = [1, 2, 3, 4, 5, 7, 10, 30, 100, 1000]
 

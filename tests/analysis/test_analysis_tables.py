@@ -6,8 +6,8 @@ from analysis_synth import record, sweep
 from analysis import schema
 from analysis.analyze import analyze
 from analysis.collect import make_table
-from analysis.stats import bootstrap_interval
 from analysis.render import Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_num, fmt_p, tex_escape, to_latex, to_markdown
+from analysis.stats import bootstrap_interval
 from analysis.tables import all_tables
 
 

@@ -125,6 +125,7 @@ def test_each_variant_gets_its_own_fronts_and_paired_difference(tmp_path):
     assert [pooled.at[("atlas", s), "kl"] for s in range(3)] == pytest.approx([0.010, 0.012, 0.021])
 
 
+@pytest.mark.slow
 def test_cli_report_with_variants_writes_rows_and_its_command(tmp_path, capsys, monkeypatch):
     _table(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -57,6 +57,7 @@ ONE_POINT_SHA = "4e1ee34abcedddee801ec252d09ac7d5403b4a13"
 PAPER_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("records,report,reference,variants", [
     ([RESULTS / "records"], RESULTS / "report", REFERENCE, ()),
     ([ABLATIONS / "records"], ABLATIONS / "report", REFERENCE, ()),

@@ -203,6 +203,7 @@ def test_one_pass_collects_every_token_selection_as_its_own_pass_would():
         collect_inputs_by_mask(model, site, seqs, (), **kw)
 
 
+@pytest.mark.slow
 def test_recompute_measures_a_finished_run_s_diagnostics_again_from_its_export(tiny_backbone_dir, tiny_benchmark_dir,
                                                                               tmp_path, capsys):
     from suite_schema.layout import RECORD_NAME

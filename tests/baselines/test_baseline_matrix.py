@@ -72,6 +72,7 @@ def reload(name: str, tiny, export_dir):
     return type(build_named(name)).load_export(fresh_base(tiny), export_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", METHODS)
 def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tmp_path):
     model, method, ctx = prepared(tiny, name, tmp_path / "run")
@@ -109,6 +110,7 @@ def test_trains_loss_falls_exports_reloads_and_scales_to_the_base(name, tiny, tm
     torch.testing.assert_close(logits_of(model, probe), trained, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_one_cli_sweep_writes_a_complete_record_per_method(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     """`python run.py -m method=<all>` (one process, Hydra's sequential launcher): a complete record each."""
     run_root = tmp_path / "runs"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from suite_schema import registry
 from experiments.config import train_config
 from experiments.train import train
+from suite_schema import registry
 from tests.baselines.baseline_helpers import prepared
 
 
@@ -19,6 +19,7 @@ def run(tiny, name, run_dir, steps):
 
 
 # Every baseline of the registry but LoRA (its resume is tests/experiments/test_train.py's).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [m for m in registry.members("baseline", "extended") if m != "lora"])
 def test_resume_matches_uninterrupted(tiny, tmp_path, name):
     straight = run(tiny, name, tmp_path / "straight", 6)

@@ -4,6 +4,7 @@ scale(alpha) gives W0 + alpha (W' - W0) (peft's plain LoRA scale would not: a tr
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from baselines.common import lora_layers
@@ -67,6 +68,7 @@ def test_forward_is_the_dora_equation(tiny, tmp_path):
     torch.testing.assert_close(dora_effective_weight(layer), m[:, None] * direction / direction.norm(dim=1, keepdim=True))
 
 
+@pytest.mark.trains
 def test_training_moves_the_magnitudes(tiny, tmp_path):
     model, method, ctx = prepared(tiny, "dora", tmp_path)
     start = {n: l.lora_magnitude_vector["default"].weight.detach().clone() for n, l in lora_layers(model).items()}

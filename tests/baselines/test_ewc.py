@@ -10,9 +10,8 @@ import torch
 import baselines.ewc as ewc_module
 from baselines.common import lora_layers
 from baselines.ewc import ewc_penalty, fisher_root
-from experiments.methods import MethodConfigError
+from experiments.methods import MethodConfigError, build_named
 from tests.baselines.baseline_helpers import fresh_base, prepared, randomize_lora_b, run_context, target_batch
-from experiments.methods import build_named
 
 
 def test_penalty_formula_on_hand_built_matrices():

@@ -9,11 +9,10 @@ import torch
 
 from baselines.fullft import WEIGHTS_FILE, FullFT, load_fullft_export
 from experiments.activations import target_linears
-from experiments.methods import MethodConfigError
-from experiments.train import train
 from experiments.config import train_config
+from experiments.methods import MethodConfigError, build_named
+from experiments.train import train
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, target_batch
-from experiments.methods import build_named
 
 
 def adapted_weight_names(tiny):
@@ -27,6 +26,7 @@ def trained_fullft(tiny, tmp_path, steps=4):
     return model, method
 
 
+@pytest.mark.trains
 def test_trains_exactly_the_adapted_modules_weights(tiny, tmp_path):
     model, method, _ = prepared(tiny, "fullft", tmp_path / "run")
     names = adapted_weight_names(tiny)
@@ -44,6 +44,7 @@ def test_trains_exactly_the_adapted_modules_weights(tiny, tmp_path):
             assert torch.equal(p, base[name]), name  # embeddings, norms: untouched
 
 
+@pytest.mark.trains
 def test_scale_is_w0_plus_alpha_times_the_update(tiny, tmp_path):
     model, method = trained_fullft(tiny, tmp_path)
     names = adapted_weight_names(tiny)
@@ -66,6 +67,7 @@ def test_scale_is_w0_plus_alpha_times_the_update(tiny, tmp_path):
         method.export(model, tmp_path / "export")
 
 
+@pytest.mark.trains
 def test_export_holds_the_adapted_weights_and_reloads_onto_a_fresh_base(tiny, tmp_path):
     from safetensors import safe_open
 

@@ -7,14 +7,13 @@ import pytest
 import torch
 
 from baselines.common import lora_delta, lora_layers
-from experiments.calibration import pair_example, reference_pairs, target_examples
 from baselines.inflora import complement_down_projection
 from experiments.activations import collect_inputs, discover_sites
-from experiments.methods import MethodConfigError
-from experiments.train import train
+from experiments.calibration import pair_example, reference_pairs, target_examples
 from experiments.config import train_config
+from experiments.methods import MethodConfigError, build_named
+from experiments.train import train
 from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
-from experiments.methods import build_named
 
 
 def orthogonal_columns(n, scales, seed=0):
@@ -67,6 +66,7 @@ def test_init_is_the_base_and_only_b_trains(tiny, tmp_path):
         torch.testing.assert_close(nonzero @ nonzero.T, torch.eye(len(nonzero)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.trains
 def test_update_keeps_retained_inputs_unchanged_after_training(tiny, tmp_path):
     base = fresh_base(tiny)
     # The sequences InfLoRA builds its subspaces from (same cut at the run's max length, 96).

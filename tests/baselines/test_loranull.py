@@ -16,8 +16,7 @@ from baselines.loranull import null_factors, null_space_basis
 from experiments.activations import collect_inputs, discover_sites, second_moment_basis
 from experiments.calibration import pair_example, reference_pairs, target_examples
 from experiments.config import train_config
-from experiments.methods import MethodConfigError
-from experiments.methods import build_named
+from experiments.methods import MethodConfigError, build_named
 from experiments.train import train
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
@@ -96,6 +95,7 @@ def test_init_is_the_base_a_is_frozen_and_orthogonal_to_the_top_retained_directi
     assert method.costs()["null_space_build_seconds"] > 0 and not method.costs()["null_space_reused"]
 
 
+@pytest.mark.trains
 def test_update_barely_touches_retained_inputs_after_training(tiny, tmp_path):
     sites, x_ret = retained_site_inputs(tiny)
     target_seqs = target_examples(run_context(tiny, tmp_path))

@@ -11,9 +11,8 @@ import torch
 
 from baselines.lwf import kl_to_cached_base
 from experiments.evaluation.retained_kl import cache_logprobs
-from experiments.methods import MethodConfigError
+from experiments.methods import MethodConfigError, build_named
 from tests.baselines.baseline_helpers import fresh_base, prepared, randomize_lora_b, target_batch
-from experiments.methods import build_named
 
 
 def test_bad_knobs_are_rejected():

@@ -10,8 +10,7 @@ from baselines.common import lora_layers
 from baselines.olora import orthogonality_penalty
 from experiments.activations import collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs
-from experiments.methods import MethodConfigError
-from experiments.methods import build_named
+from experiments.methods import MethodConfigError, build_named
 from tests.baselines.baseline_helpers import prepared, randomize_lora_b, target_batch
 
 

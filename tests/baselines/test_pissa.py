@@ -11,8 +11,7 @@ import torch
 
 from baselines.common import lora_layers
 from baselines.lora import LoRA
-from experiments.methods import MethodConfigError
-from experiments.methods import build_named
+from experiments.methods import MethodConfigError, build_named
 from tests.baselines.baseline_helpers import (
     assert_scale_interpolates_against_true_w0,
     base_weights,

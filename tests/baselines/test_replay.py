@@ -8,9 +8,8 @@ import torch
 
 from baselines.replay import replay_count
 from experiments.calibration import pair_example, reference_pairs
-from experiments.methods import MethodConfigError
+from experiments.methods import MethodConfigError, build_named
 from experiments.prompts import gold_response
-from experiments.methods import build_named
 from tests.baselines.baseline_helpers import prepared
 
 

@@ -9,6 +9,7 @@ from bench import decode
 from bench.common import interval_verdict
 
 
+@pytest.mark.slow
 def test_the_target_ratio_per_round_and_its_interval(tmp_path):
     out = tmp_path / "decode.json"
     decode.main(["--shape", "micro", "--variants", "base,lora,atlas", "--batch-sizes", "1,2", "--new-tokens", "2",

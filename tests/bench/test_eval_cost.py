@@ -9,6 +9,7 @@ from bench import eval_cost
 from bench.common import interval_verdict
 
 
+@pytest.mark.slow
 def test_the_kl_target_also_from_paired_rounds(tmp_path):
     out = tmp_path / "eval_cost.json"
     eval_cost.main(["--shape", "micro", "--parts", "a", "--repeats", "3", "--warmup", "0",

@@ -75,6 +75,7 @@ def test_on_a_real_device_only_tensors_off_the_cpu_count():
     assert counted(counter) == {}
 
 
+@pytest.mark.slow
 def test_command_line_counts_one_read_per_step_in_the_loop(tmp_path, monkeypatch):
     """`python -m bench.host_syncs` on micro: the suite's own code reads one value per training step (the step's
     loss) whatever the number of length groups; before, it read 18 (per length group: the loss, the token count,

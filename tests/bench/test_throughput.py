@@ -11,6 +11,7 @@ from bench.common import interval_verdict
 from tests.atlas.atlas_helpers import layer_site, site_atlas
 
 
+@pytest.mark.slow
 def test_shares_of_plain_full_fine_tuning_and_the_frozen_floor(tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "throughput.json"
@@ -69,6 +70,7 @@ def test_bad_arguments_are_refused_before_any_work(argv, message):
         throughput.main(argv)
 
 
+@pytest.mark.slow
 def test_atlas_parts_are_timed_through_the_loop(tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "throughput.json"
@@ -170,6 +172,7 @@ def test_site_input_form_refuses_settings_it_does_not_compute():
     assert type(good) is AtlasLinear and type(good.site) is AtlasSite  # a refused model is left as it was
 
 
+@pytest.mark.slow
 def test_shape_widens_the_model_and_keeps_the_backbone_data(tmp_path, monkeypatch):
     from bench.common import RANDOM_PRESETS
 

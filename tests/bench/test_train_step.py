@@ -3,6 +3,7 @@
 
 import json
 
+import pytest
 import torch
 
 from bench import train_step
@@ -39,6 +40,7 @@ def test_result_has_each_variants_share_of_full_fine_tuning(tmp_path):
     assert v["lora"]["tokens_per_s"] == result["batch"]["tokens"] / v["lora"]["median_s"]
 
 
+@pytest.mark.slow
 def test_the_target_ratio_also_from_paired_rounds(tmp_path):
     out = tmp_path / "train_step.json"
     train_step.main(["--shape", "micro", "--variants", "lora,atlas", "--repeats", "3", "--warmup", "0",

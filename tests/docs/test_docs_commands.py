@@ -105,6 +105,7 @@ def test_the_docs_give_commands_to_check():
         assert expected in commands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "command"), RUN_COMMANDS, ids=[c[14:80] for _, c in RUN_COMMANDS])
 def test_run_command_expands_and_composes(source, command, tmp_path, monkeypatch):
     """A documented run.py command: its sweep expands (multirun) or it is one job; the first and the last job

@@ -78,6 +78,7 @@ def test_a_backbone_that_can_be_neither_read_nor_fetched_fails_in_one_line(tiny_
         require_available(backbone_config("nobody/no-such-model"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweep", [False, True])
 def test_the_mission_command_without_weights_stops_before_any_job(tmp_path, sweep):
     """`python run.py -m method=atlas,lora backbone=qwen3-8b seed=0,1,2` on a machine without the weights: one line

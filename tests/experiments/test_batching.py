@@ -53,8 +53,14 @@ def test_length_groups_by_hand_and_against_brute_force():
 
 def tiny_model(arch: str, vocab: int = 64):
     from transformers import (
-        Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-        Qwen3Config, Qwen3ForCausalLM,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -144,6 +150,7 @@ def test_target_count_and_a_batch_without_targets():
         sft_loss_sum(torch.nn.Identity(), collate([example([1, 2], 2)], PAD))
 
 
+@pytest.mark.trains
 def test_training_in_length_groups_follows_one_padded_batch(tiny_backbone_dir, tmp_path):
     """`train()` itself, LoRA on the tiny backbone: one padded group against 3 length groups from the same start.
     The first step's loss is the same number and 6 steps later the losses agree to float rounding's drift."""
@@ -158,6 +165,7 @@ def test_training_in_length_groups_follows_one_padded_batch(tiny_backbone_dir, t
     assert runs[3].losses == pytest.approx(runs[1].losses, rel=1e-4)
 
 
+@pytest.mark.trains
 def test_examples_without_targets_add_nothing_and_a_batch_of_only_those_is_refused(tiny_backbone_dir, tmp_path):
     """Examples whose labels are all -100 (nothing to predict) change neither the loss nor the gradients: a run
     with them mixed in follows the run without them step for step; a micro-batch of only such examples is refused."""

@@ -76,6 +76,7 @@ def test_every_committed_record_holds_the_config_its_run_id_hashes():
     assert not wrong, wrong
 
 
+@pytest.mark.slow
 def test_committed_run_ids_recompute_from_todays_config_tree(capsys):
     records = committed_records()
     changed = {}

@@ -4,7 +4,6 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from suite_schema import registry
 from experiments.backbones import BackboneError
 from experiments.config import validate_config
 from experiments.data.benchmark import build_benchmark
@@ -28,6 +27,7 @@ def test_paper_backbones_and_micro_exist():
     assert {"micro", "qwen3-8b", "qwen3-4b", "qwen3-0.6b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b"} <= set(BACKBONES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone", BACKBONES)
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_and_backbone_composes_and_validates(method, backbone):
@@ -57,6 +57,7 @@ def sweep_jobs(*args):
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+@pytest.mark.slow
 def test_readme_sweep_composes_without_other_overrides():
     methods = ",".join(m for m in ("atlas", "lora") if m in METHODS)
     jobs = sweep_jobs(f"method={methods}", "backbone=qwen3-8b", "seed=0,1,2")
@@ -80,6 +81,7 @@ def test_run_id_ignores_presentation_keys_and_tracks_science():
     assert run_id_for(composed("method.rank=4")) != base
 
 
+@pytest.mark.slow
 def test_unknown_method_lists_valid_names():
     proc = run_cli(["method=nosuch", "--cfg", "job"], timeout=120)
     assert proc.returncode != 0
@@ -88,6 +90,7 @@ def test_unknown_method_lists_valid_names():
         assert name in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_backbone_lists_valid_names():
     proc = run_cli(["backbone=nosuch", "--cfg", "job"], timeout=120)
     assert proc.returncode != 0 and "Could not find 'backbone/nosuch'" in proc.stderr
@@ -146,6 +149,7 @@ def test_missing_target_modules(tiny_backbone_dir):
         preflight_backbone(cfg.backbone)
 
 
+@pytest.mark.slow
 def test_validation_errors_are_one_line_on_the_command_line(tiny_backbone_dir):
     proc = run_cli([f"backbone.path={tiny_backbone_dir}", "backbone.target_modules=[nope]"], timeout=120)
     assert proc.returncode == 2

@@ -31,6 +31,7 @@ def overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     return make
 
 
+@pytest.mark.slow
 def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     args = ["method=lora", *overrides(tmp_path / "runs")]
     first = run_cli(args)
@@ -59,6 +60,7 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     assert record_of(tmp_path / "runs") == rec
 
 
+@pytest.mark.slow
 def test_base_method_trains_nothing_and_matches_itself(overrides, tmp_path):
     proc = run_cli(["method=base", *overrides(tmp_path / "runs")])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -84,6 +86,7 @@ def signalled(args, root, pattern, signum):
     return proc.returncode, log, before, proc.pid
 
 
+@pytest.mark.slow
 def test_sigterm_or_ctrl_c_mid_training_then_rerun_resumes_to_the_same_losses(overrides, tmp_path):
     """While it works, the record says `running` with the process (host, pid); SIGTERM or Ctrl-C (SIGINT)
     mid-training leaves `interrupted` naming the phase and a checkpoint that exists, exits 4, and the same command
@@ -124,6 +127,7 @@ def metrics_of(run_dir):
     return found
 
 
+@pytest.mark.slow
 def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_uninterrupted_result(overrides,
                                                                                                  tmp_path):
     """SIGTERM / SIGINT during evaluation leave `interrupted` (phase evaluate) and exit 4; SIGKILL leaves the
@@ -177,6 +181,7 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_a_failed_record_naming_enospc(overrides, small_tmpfs):
     proc = run_cli(["method=lora", *overrides(small_tmpfs / "runs")])
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -186,6 +191,7 @@ def test_a_full_disk_leaves_a_failed_record_naming_enospc(overrides, small_tmpfs
     assert not records.partial_files(only_run_dir(small_tmpfs / "runs"))  # the checkpoint's partial file is gone
 
 
+@pytest.mark.slow
 def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
     args = ["method=lora", "+method.explode_at=2", "method._target_=tests.experiments.exploding_method.ExplodingLoRA",
             *overrides(tmp_path / "runs")]

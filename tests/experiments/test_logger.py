@@ -1,5 +1,6 @@
 """W&B logging offline: the run id is the W&B id, a second init resumes it, logger=none logs nothing."""
 
+import pytest
 from omegaconf import OmegaConf
 
 from experiments.config import LoggerConfig
@@ -16,6 +17,7 @@ def test_none_logger():
     assert isinstance(make_logger(cfg, "abc", None, {}, "x"), NullLogger)
 
 
+@pytest.mark.slow
 def test_wandb_offline_uses_run_id_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = OmegaConf.merge(OmegaConf.structured(LoggerConfig), OmegaConf.load(REPO / "conf/logger/wandb.yaml"), {"mode": "offline"})

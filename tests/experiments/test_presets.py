@@ -79,6 +79,7 @@ def test_every_preset_has_a_micro_twin_and_a_role():
     assert {"micro_defaults", "micro_tune_extended", "micro_extended"} <= set(PRESETS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_composes_on_the_command_line(preset):
     proc = run_cli([f"+experiment={preset}", "--cfg", "job"], timeout=120)
@@ -86,6 +87,7 @@ def test_preset_composes_on_the_command_line(preset):
     assert "backbone:" in proc.stdout and "method:" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_multirun_expands_to_distinct_valid_runs(preset):
     jobs = expand(preset)
@@ -133,6 +135,7 @@ def test_tuning_presets_give_every_method_they_tune_the_same_budget(preset):
     assert max(c.train.steps for c in jobs_of(preset)) == budget
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(TUNED_BY))
 def test_evaluation_presets_run_the_methods_their_tuning_chose_at_equal_budget(preset):
     tune, per_method = TUNED_BY[preset]
@@ -164,6 +167,7 @@ def test_ablation_presets_run_atlas_and_each_of_its_variants_alike(family):
     assert set(methods) == set(registry.members("reference", "ablation")) and len(set(methods.values())) == 1
 
 
+@pytest.mark.slow
 def test_main_presets_sweep_each_method_knob():
     """The main presets' points move the knob each method's authors name: micro_main's 2 tuned points per method
     (ATLAS's along `conditioning`, LoRA's including the reference, LoRA at its defaults, that the report's levels are
@@ -184,6 +188,7 @@ def test_main_presets_sweep_each_method_knob():
     assert all(c.train.steps == 600 for name, cs in micro.items() if name != "lora" for c in cs)
 
 
+@pytest.mark.slow
 def test_one_point_presets_are_the_full_protocol_cut_to_its_high_points():
     """The 2-hour cut (docs/reproducing.md): micro_tune_1pt runs, on dev, exactly micro_tune's runs of the two points
     per method that micro_main reads (same run ids, so a full micro_tune in the same run root leaves nothing to run),
@@ -202,6 +207,7 @@ def test_one_point_presets_are_the_full_protocol_cut_to_its_high_points():
         assert {tuple(c.eval.scales) for c in cut} == {tuple(c.eval.scales) for c in jobs_of("micro_main", seed=0)}
 
 
+@pytest.mark.slow
 def test_extended_presets_reuse_micro_main_and_micro_tune_runs():
     """eval.scales is not part of the run id: micro_defaults's runs of paper methods at points micro_main also
     runs (base, the default ATLAS and LoRA, ...) are micro_main's seed-0 runs; the extra methods are not.
@@ -220,6 +226,7 @@ def test_extended_presets_reuse_micro_main_and_micro_tune_runs():
     assert sorted(name for run_id, name in tune_extended.items() if run_id in tune) == ["base", "lora"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["micro", "paper"])
 def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
     """The backbones and ablations presets share runs with the main sweep (skipped once complete), so they evaluate
@@ -240,6 +247,7 @@ def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
     assert len(atlas) == {"micro": 2, "paper": 3}[family] and len(shared) == 1  # ATLAS at the default length: main's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["micro", "paper"])
 def test_retained_presets_run_the_main_points_of_the_methods_that_read_retained_data(family):
     def points(preset):
@@ -267,6 +275,7 @@ def test_every_point_is_used_by_a_preset():
     assert used == set(POINTS)
 
 
+@pytest.mark.slow
 def test_micro_run_ids_are_unchanged():
     """Refactors keep the science: every seed-0 job of every micro preset (and `python run.py` with no
     overrides) has the run id recorded in fixtures/micro_run_ids.json, so finished runs are still found.

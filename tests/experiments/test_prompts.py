@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from experiments import prompts as P
-from tools.micro import world as micro
 from experiments.evaluation.generation import encode_prompts, generate
 from tools.micro import pretrain, quick_eval
+from tools.micro import world as micro
 
 REPO = Path(__file__).resolve().parents[2]
 BACKBONE = REPO / "assets" / "micro" / "backbone"
@@ -53,6 +53,7 @@ def test_split_boundary_moves_trailing_whitespace_to_the_response():
     assert P.response_text("Answer:", " 5") == " 5"
 
 
+@pytest.mark.slow
 def test_evaluation_prompt_tokens_equal_training_tokens_at_the_same_boundary(tok, pairs):
     """The acceptance check: for every committed item, the prompt tokens generation and scoring feed
     the model are exactly the prompt tokens of the fine-tuning example and of a pretraining document,

@@ -7,8 +7,8 @@ import pytest
 
 from analysis.collect import find_records
 from experiments import records
-from suite_schema.layout import RECORD_NAME
 from experiments.rerun import resolve_commit, stale_reason, supersede
+from suite_schema.layout import RECORD_NAME
 from tests.conftest import run_cli, tiny_overrides
 
 HEAD = records.git_output("rev-parse", "HEAD")
@@ -51,6 +51,7 @@ def test_supersede_keeps_the_records_aside_and_removes_every_other_output(tmp_pa
     assert found == [] and bare == [run]  # analysis reads no superseded record
 
 
+@pytest.mark.slow
 def test_a_run_made_by_older_code_is_made_again(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     args = ["method=lora", *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache")]
     first = run_cli(args)
@@ -71,6 +72,7 @@ def test_a_run_made_by_older_code_is_made_again(tiny_backbone_dir, tiny_benchmar
     assert json.loads((run_dir / "superseded" / PARENT[:12] / RECORD_NAME).read_text())["run_id"] == rec["run_id"]
 
 
+@pytest.mark.slow
 def test_an_unknown_commit_is_rejected_before_any_work(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     args = ["method=lora", *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache")]
     bad = run_cli([*args, "rerun_before=no-such-commit-xyz"])

@@ -15,8 +15,7 @@ from experiments import records, reuse
 from experiments.config import train_config, validate_config
 from experiments.train import checkpoint_path, train
 from experiments.validation import ConfigError
-from suite_schema import layout, run_identity
-from suite_schema import registry
+from suite_schema import layout, registry, run_identity
 from suite_schema.registry import CONF
 from tests.baselines.baseline_helpers import prepared
 from tests.conftest import run_cli, tiny_overrides
@@ -44,6 +43,7 @@ def test_reuse_training_from_must_name_folders(tmp_path):
     assert resolved(f"reuse_training_from=[{tmp_path}]")["reuse_training_from"] == [str(tmp_path)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [m for m in registry.method_names() if m != "base"])
 def test_a_folder_that_adopts_a_finished_run_resumes_exactly_its_trained_model(tiny, tmp_path, name):
     """Every method: the statistics files and final checkpoint copied into a new folder, a fresh model prepared there
@@ -67,6 +67,7 @@ def test_a_folder_that_adopts_a_finished_run_resumes_exactly_its_trained_model(t
     assert not unequal, unequal[:5]
 
 
+@pytest.mark.slow
 def test_a_test_run_evaluates_the_dev_run_s_model_and_equals_a_fresh_test_run(tiny_backbone_dir, tiny_benchmark_dir,
                                                                                  tmp_path):
     """Dev and test runs of one point in one folder; with the test run's checkpoints removed only the dev run can give

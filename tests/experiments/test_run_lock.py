@@ -61,6 +61,7 @@ def _wait_for_lock(run_dir, limit=60.0):
     return out["at"], out["who"]
 
 
+@pytest.mark.slow
 def test_waiting_takes_the_lock_when_the_holder_finishes(tmp_path):
     proc = _holding_process(tmp_path / "run", 1.5)
     held_at = time.monotonic()
@@ -76,6 +77,7 @@ def test_waiting_takes_the_lock_when_the_holder_finishes(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_waiting_takes_the_lock_of_a_holder_killed_meanwhile(tmp_path):
     proc = _holding_process(tmp_path / "run", 600)
     held_at = time.monotonic()
@@ -89,6 +91,7 @@ def test_waiting_takes_the_lock_of_a_holder_killed_meanwhile(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
     proc = _holding_process(tmp_path / "run", 60)
     try:
@@ -102,6 +105,7 @@ def test_the_lock_of_a_killed_process_is_taken_over(tmp_path):
         assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_second_launch_of_a_running_run_stops_with_exit_3(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     args = ["method=lora", *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache",
                                            **{"train.steps": "400", "train.checkpoint_every": "1000"})]

@@ -21,6 +21,7 @@ def _records(root):
     return {r["run_id"]: r for r in (json.loads(p.read_text()) for p in sorted(root.rglob(RECORD_NAME)))}
 
 
+@pytest.mark.slow
 def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path):
     first = run_cli(args("eval.scales=[0,0.5,1]"))
     assert first.returncode == 0, first.stderr[-3000:]
@@ -63,6 +64,7 @@ def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path)
     assert table["train_key"].nunique() == 1 and table["sweep_key"].nunique() == 4
 
 
+@pytest.mark.slow
 def test_base_method_ignores_scales(args, tmp_path):
     proc = run_cli([*args("eval.scales=[0,0.5,1]"), "method=base"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -70,6 +72,7 @@ def test_base_method_ignores_scales(args, tmp_path):
     assert len(recs) == 1 and "scale" not in next(iter(recs.values()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["[]", "[0.5,0.5]", "[-1]"])
 def test_bad_scales_are_rejected_before_compute(args, value):
     proc = run_cli(args(f"eval.scales={value}"))

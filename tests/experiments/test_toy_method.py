@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from analysis.methods import EXTRA_COLORS, EXTRA_MARKERS, label, style
 from tests.conftest import run_cli, tiny_overrides
 
@@ -22,6 +24,7 @@ display: {label: "Scaled LoRA", group: extended, order: 9, color: "#123456", mar
 """
 
 
+@pytest.mark.slow
 def test_a_toy_method_runs_end_to_end_from_its_module_and_config(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     conf = tmp_path / "conf"
     (conf / "method").mkdir(parents=True)

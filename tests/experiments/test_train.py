@@ -9,9 +9,8 @@ import pytest
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
 from experiments.config import train_config
-from experiments.methods import RunContext
+from experiments.methods import RunContext, build_named
 from experiments.prompts import code_instruction_prompt, encode_pair
-from experiments.methods import build_named
 from experiments.train import (
     DataStream,
     Preempted,
@@ -52,6 +51,7 @@ def test_encode_pair_masks_the_prompt(tiny_backbone_dir):
     assert tok.decode(ex["input_ids"][n_prompt:-1]) == "\n" + tiny_code(1)[0]["canonical_solution"]
 
 
+@pytest.mark.trains
 def test_loss_falls(tiny_backbone_dir, tmp_path):
     model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
     result = run_train(model, method, examples, ctx, tok, steps=30, lr=3e-2)
@@ -81,6 +81,7 @@ class SignalAt(LoRA):
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
 def test_signal_checkpoints_and_resume_matches_uninterrupted(tiny_backbone_dir, tmp_path, signum):
     model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path / "straight")
@@ -100,6 +101,7 @@ def test_signal_checkpoints_and_resume_matches_uninterrupted(tiny_backbone_dir, 
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
 
 
+@pytest.mark.trains
 def test_checkpoints_are_pruned_and_final_step_saved(tiny_backbone_dir, tmp_path):
     model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
     run_train(model, method, examples, ctx, tok, steps=8, keep_checkpoints=2)

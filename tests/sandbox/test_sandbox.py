@@ -28,6 +28,8 @@ import sandbox
 from sandbox import Check, ExecutionResult, SandboxLimits, check_solution, check_solutions, isolation_report
 from tests.sandbox.sandbox_helpers import CANARY, call_check, cmdline, load_check
 
+pytestmark = pytest.mark.sandbox
+
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2, memory_mb=256, file_size_mb=4, max_output_bytes=4096, max_processes=16)
 
 
@@ -335,6 +337,7 @@ def adversarial(tmp_path_factory):
         shutil.rmtree(ww_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_batch_finishes_quickly_and_every_canary_passes(adversarial):
     results = adversarial["results"]
     assert len(results) == 2 * len(ADVERSARIAL)
@@ -500,6 +503,7 @@ def _userns_bwrap_available() -> bool:
     return subprocess.run([bwrap, "--unshare-user", "--unshare-net", "--ro-bind", "/", "/", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_user_namespace_mode(forced_mode, tmp_path):
     if not _userns_bwrap_available():
         pytest.skip("bubblewrap with user namespaces is not available here")
@@ -524,6 +528,7 @@ def test_user_namespace_mode(forced_mode, tmp_path):
     assert "No such file or directory" in results[1].reason and "no network" in results[3].reason
 
 
+@pytest.mark.slow
 def test_plain_mode_runs_benign_checks(forced_mode):
     forced_mode("plain")
     report = isolation_report()

@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from experiments.evaluation.code_completion import build_check
-from sandbox import SandboxLimits, check_solution, check_solutions, cgroups, isolation_report
+from sandbox import SandboxLimits, cgroups, check_solution, check_solutions, isolation_report
 from tests.conftest import MICRO_DATA, REPO, SHARED_DATA
+
+pytestmark = pytest.mark.sandbox
 
 LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5, memory_mb=512, max_processes=32)
 
@@ -367,6 +369,7 @@ def _needs_bubblewrap(report: dict) -> None:
         pytest.skip(f"sandbox mode {report['mode']!r} shows the host filesystem: {report['filesystem']}")
 
 
+@pytest.mark.slow
 def test_the_solution_finds_no_benchmark_file_no_checkout_no_home(report):
     _needs_bubblewrap(report)
     completion = READER.replace("SECRETS", repr(_secret_paths()))
@@ -415,6 +418,7 @@ def test_a_new_user_namespace_reveals_nothing_more(report):
 # Bounded in total
 
 
+@pytest.mark.slow
 def test_several_processes_together_are_held_to_the_memory_limit(report):
     support, reason = cgroups.detect()
     if support is None:

@@ -22,6 +22,7 @@ def support():
     return found
 
 
+@pytest.mark.sandbox
 def test_a_group_bounds_what_joins_it_and_is_removed(support):
     group = support.create(96 << 20, 5)
     try:
@@ -60,6 +61,7 @@ def test_a_group_bounds_what_joins_it_and_is_removed(support):
     assert not any(path.exists() for path in group.paths)
 
 
+@pytest.mark.sandbox
 def test_memory_over_the_group_limit_is_an_oom_kill_with_a_peak(support):
     group = support.create(64 << 20, 16)
     try:

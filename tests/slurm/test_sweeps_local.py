@@ -24,11 +24,13 @@ def launcher_config(*args: str) -> dict:
     return yaml.safe_load(proc.stdout)
 
 
+@pytest.mark.slow
 def test_local_stays_the_default_launcher():
     cfg = launcher_config()
     assert cfg["_target_"] == "hydra_plugins.atlas_sweep.launchers.LocalSweepLauncher"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["slurm", "slurm_local"])
 def test_slurm_launcher_configs_requeue_on_timeout(name):
     cfg = launcher_config(f"hydra/launcher={name}")
@@ -41,6 +43,7 @@ def test_slurm_launcher_configs_requeue_on_timeout(name):
         assert cfg["partition"] == "debug" and cfg["gpus_per_node"] is None and cfg["cpus_per_task"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", PROFILES, ids=[p.stem for p in PROFILES])
 def test_cluster_profiles_compose_onto_the_slurm_launcher(profile):
     cfg = launcher_config("-cd", "slurm/profiles", f"hydra/launcher={profile.stem}")
@@ -92,6 +95,7 @@ def test_code_snapshot_is_the_commit_with_the_working_tree_on_top(tmp_path, monk
     assert git(code, "status", "--porcelain", "--untracked-files=no")
 
 
+@pytest.mark.slow
 def test_code_snapshot_of_this_repo_imports_from_itself(tmp_path):
     info = sweep.snapshot_code(tmp_path / "code")
     code = tmp_path / "code"
@@ -113,6 +117,7 @@ def runs_started(out: str, jobs: int) -> int:
     return len([line for line in sweep_lines(out) if line.startswith("[sweep] started: ")])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overrides, tmp_path, jobs):
     runs = tmp_path / "runs"
@@ -157,6 +162,7 @@ def test_local_sweep_skips_complete_runs_reruns_failed_ones_and_summarises(overr
     assert proc.returncode == 1 and "1 skipped, 1 failed" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_invalid_config_in_a_sweep_launches_nothing(overrides, tmp_path):
     proc = run_cli(["-m", "method=lora", "train.lr=1e-3,-1", *overrides(tmp_path / "runs")], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
@@ -165,6 +171,7 @@ def test_invalid_config_in_a_sweep_launches_nothing(overrides, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_overrides_that_do_not_change_the_science_run_once(overrides, tmp_path):
     proc = run_cli(["-m", "method=base", "train.log_every=5,10", *overrides(tmp_path / "runs")])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -172,6 +179,7 @@ def test_overrides_that_do_not_change_the_science_run_once(overrides, tmp_path):
     assert proc.stdout.count("[run] ") == 2  # "[run] <id>: ..." start and complete lines of one run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["hydra.launcher.jobs=0", "hydra.launcher.jobs=two", "hydra.launcher.threads_per_job=0"])
 def test_bad_parallel_settings_are_refused_before_any_run(overrides, tmp_path, setting):
     proc = run_cli(["-m", "method=lora", "seed=0,1", setting, *overrides(tmp_path / "runs")], timeout=120)
@@ -183,6 +191,7 @@ def test_bad_parallel_settings_are_refused_before_any_run(overrides, tmp_path, s
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/record.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_local_sweep_stopped_by_sigterm_checkpoints_its_runs_and_resumes(jobs, overrides, tmp_path):
     # SIGTERM to the launcher (a shutdown, a `kill`) reaches the running jobs: each checkpoints at its next step

@@ -92,6 +92,7 @@ def test_holdout_rule_is_a_fixed_tenth_by_text():
     assert in_holdout(held[0]) and in_holdout({"question": held[0]["question"].upper().replace("?", " ?")})
 
 
+@pytest.mark.slow
 def test_paper_benchmark_dev_and_test_on_the_real_data(shared_data):
     dev = build_benchmark(composed("backbone=qwen3-8b", f"benchmark.data_root={shared_data}",
                                    "benchmark.split=dev").benchmark)

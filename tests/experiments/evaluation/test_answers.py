@@ -16,7 +16,6 @@ from experiments.evaluation.answers import (
     normalize_number,
 )
 
-
 GSM8K_TEST = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 

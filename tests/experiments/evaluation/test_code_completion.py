@@ -54,6 +54,7 @@ def test_build_check_layout():
     ast.parse(check.test)
 
 
+@pytest.mark.sandbox
 @pytest.mark.parametrize(
     "completion, reason",
     [
@@ -89,6 +90,7 @@ FULL_FUNCTION_ANSWERS = {
 }
 
 
+@pytest.mark.sandbox
 def test_full_function_and_fenced_answers_pass():
     checks = [build_check(PROBLEM, c) for c in FULL_FUNCTION_ANSWERS.values()]
     for check in checks:
@@ -106,6 +108,7 @@ def test_full_function_keeps_the_prompt_preamble():
     assert '"""Length of the hypotenuse.' not in check.solution  # the prompt's function is replaced
 
 
+@pytest.mark.sandbox
 def test_wrong_and_canonical_completions():
     checks = [
         build_check(PROBLEM, PROBLEM["canonical_solution"]),
@@ -168,6 +171,7 @@ def test_mbpp_sanitized_record_conversion():
     assert "shared elements" in problem["prompt"]
 
 
+@pytest.mark.sandbox
 def test_mbpp_special_cases():
     named_check = {
         "task_id": 56,

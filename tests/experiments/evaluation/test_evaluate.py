@@ -88,6 +88,7 @@ def test_adapted_model_kl_matches_live_computation(lm, tmp_path):
     assert res["target"]["n_problems"] == 1
 
 
+@pytest.mark.sandbox
 def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch, capsys):
     """Greedy completions: the right body for one problem, a wrong one for the other -> pass@1 = 0.5; the checks
     advance a progress bar of their own."""
@@ -130,6 +131,7 @@ def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tm
         sandbox.probe.reset()
 
 
+@pytest.mark.slow
 def test_lm_eval_deltas_for_local_tasks(lm, tmp_path, monkeypatch):
     for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.setenv(var, "1")

@@ -28,6 +28,7 @@ def offline(monkeypatch):
         monkeypatch.setenv(var, "1")
 
 
+@pytest.mark.slow
 def test_local_tasks_offline_agree_with_suite_scoring(tmp_path, offline, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     tok = tiny_tokenizer()

@@ -21,6 +21,7 @@ def test_a_model_against_itself_moves_nothing(tiny):
     assert len(kl) == sum(sum(1 for t in s["labels"] if t != -100) for s in seqs) and float(kl.abs().max()) < 1e-6
 
 
+@pytest.mark.slow
 def test_a_trained_run_moves_retained_tokens_as_its_record_says(tiny_backbone_dir, tiny_benchmark_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     ov = tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", cache,

@@ -52,11 +52,14 @@ def _failures(problems: list[dict], completions: list[str]) -> list[tuple[str, s
     return [(p["task_id"], r.status, r.reason) for p, r in zip(problems, results) if not r.passed]
 
 
+@pytest.mark.sandbox
+@pytest.mark.slow
 def test_all_humaneval_canonical_solutions_pass(humaneval):
     assert len(humaneval) == 164
     assert _failures(humaneval, [p["canonical_solution"] for p in humaneval]) == []
 
 
+@pytest.mark.sandbox
 def test_humaneval_wrong_completions_fail(humaneval):
     problems = humaneval[:20]
     wrong = ["    return None\n"] * len(problems)
@@ -71,6 +74,8 @@ def test_humaneval_wrong_completions_fail(humaneval):
     assert [r.status for r in results] == ["passed", "failed"]
 
 
+@pytest.mark.sandbox
+@pytest.mark.slow
 def test_all_sanitized_mbpp_references_pass(mbpp_sanitized):
     assert len(mbpp_sanitized) == 427
     problems = [mbpp_to_humaneval(item) for item in mbpp_sanitized]
@@ -78,12 +83,15 @@ def test_all_sanitized_mbpp_references_pass(mbpp_sanitized):
     assert _failures(problems, [p["canonical_solution"] for p in problems]) == []
 
 
+@pytest.mark.sandbox
+@pytest.mark.slow
 def test_all_full_mbpp_references_pass(mbpp_full):
     assert len(mbpp_full) == 974
     problems = [mbpp_to_humaneval(item) for item in mbpp_full]
     assert _failures(problems, [p["canonical_solution"] for p in problems]) == []
 
 
+@pytest.mark.sandbox
 def test_mbpp_wrong_completions_fail(mbpp_sanitized):
     problems = [mbpp_to_humaneval(item) for item in mbpp_sanitized[:30]]
     failures = _failures(problems, ["    return None\n"] * len(problems))

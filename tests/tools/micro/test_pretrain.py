@@ -24,6 +24,7 @@ def tiny_run(tmp_path_factory) -> tuple[Path, dict]:
     return out, log
 
 
+@pytest.mark.slow
 def test_tiny_recipe_writes_a_loadable_hf_folder(tiny_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -57,6 +58,7 @@ def test_tokenizer_splits_digits_and_round_trips_code(tiny_run):
     assert tok.decode(tok(code, add_special_tokens=False)["input_ids"]) == code
 
 
+@pytest.mark.slow
 def test_same_seed_same_run(tiny_run, tmp_path):
     out, log = tiny_run
     log2 = pretrain.run(tmp_path / "again", pretrain.tiny_recipe(seed=1, steps=6))
@@ -72,6 +74,7 @@ def test_learning_rate_schedule():
     assert pretrain.lr_at(50, r) < pretrain.lr_at(20, r)
 
 
+@pytest.mark.slow
 def test_command_line_tiny_run(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "tools.micro.pretrain", "--tiny", "--steps", "3", "--out", str(tmp_path / "m")],
@@ -87,6 +90,7 @@ def test_extract_number():
     assert quick_eval.extract_number("no number") is None
 
 
+@pytest.mark.slow
 def test_shipped_backbone_loads_and_answers():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

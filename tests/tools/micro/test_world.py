@@ -28,6 +28,7 @@ def _read_all(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_same_seed_gives_byte_identical_files(tmp_path):
     a = _read_all(Path(micro.write(tmp_path / "a", 3, micro.TINY_SIZES)["math/test"]).parents[1])
     b = _read_all(Path(micro.write(tmp_path / "b", 3, micro.TINY_SIZES)["math/test"]).parents[1])
@@ -37,6 +38,7 @@ def test_same_seed_gives_byte_identical_files(tmp_path):
     assert c["math/test.jsonl"] != a["math/test.jsonl"]
 
 
+@pytest.mark.slow
 def test_committed_files_equal_regeneration(tmp_path):
     meta = json.loads((COMMITTED / "GENERATOR.json").read_text())
     assert meta["version"] == micro.GENERATOR_VERSION
@@ -62,6 +64,7 @@ def test_splits_never_share_an_item(splits):
             assert not ident[a] & ident[b], f"{a} and {b} share items"
 
 
+@pytest.mark.slow
 def test_dedup_report_is_zero_and_committed(splits):
     """The acceptance check: no exact or near-duplicate item in two splits, at the stated threshold."""
     report = micro.dedup_report(splits)
@@ -83,6 +86,7 @@ def _leaky(splits: dict, **changes) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_dedup_report_catches_copies_and_renamed_copies(splits):
     train = splits["code/train"][0]
     copy = {"task_id": "Micro/test/leak/0", "prompt": train["input"], "canonical_solution": train["response"],
@@ -109,6 +113,7 @@ def test_dedup_report_catches_copies_and_renamed_copies(splits):
     assert report["commonsense"]["calibration|test"] == {"questions_exact": 1, "questions_normalised": 1, "facts": 1}
 
 
+@pytest.mark.slow
 def test_write_refuses_splits_that_share_items(tmp_path, monkeypatch, splits):
     leaky = _leaky(splits, math__dev=[splits["math/test"][0]])
     monkeypatch.setattr(micro, "generate", lambda seed, sizes: leaky)
@@ -232,6 +237,7 @@ def _program(prompt: str, body: str, test: str, entry: str) -> str:
     return f"{prompt}{body}\n{test}\ncheck({entry})\n"
 
 
+@pytest.mark.slow
 def test_canonical_solutions_pass_their_tests(splits):
     problems = [(p["task_id"], _program(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"]))
                 for key in ("code/dev", "code/test", "code/pretrain") for p in splits[key]]
@@ -241,12 +247,14 @@ def test_canonical_solutions_pass_their_tests(splits):
     assert _failures(train) == []
 
 
+@pytest.mark.slow
 def test_a_wrong_body_fails_every_evaluation_test(splits):
     wrong = [(p["task_id"], _program(p["prompt"], "    return None\n", p["test"], p["entry_point"]))
              for key in ("code/dev", "code/test") for p in splits[key]]
     assert len(_failures(wrong)) == len(wrong)
 
 
+@pytest.mark.sandbox
 def test_evaluation_programs_pass_through_the_quick_checker(splits):
     from tools.micro.quick_eval import completions_pass
 
