@@ -67,7 +67,7 @@ def pytest_in(root: Path, *args: str, timeout: float) -> subprocess.CompletedPro
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "WANDB_SILENT": "true", "ATLAS_CACHE_DIR": str(root.parent / "cache")}
     env.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not slow", *args],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
                           cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
