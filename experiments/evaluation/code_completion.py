@@ -129,21 +129,35 @@ def build_check(problem: dict, completion: str) -> Check:
 
     The solution is compiled on its own, so nothing in it can change how the test parses. A
     completion that does not parse with its prompt, or (as a function body) adds top-level
-    statements to it, gets ``Check.invalid`` with the reason, and is never run.
+    statements to it, gets ``Check.invalid`` with the reason, and is never run. Building a check
+    never raises for a completion: any error while parsing or assembling it (``RecursionError``
+    or ``MemoryError`` from the parser on deeply nested code, ...) makes it ``invalid`` with the
+    error as the reason, so the other completions of an evaluation are still checked.
     """
     prompt, test, entry_point = problem["prompt"], problem["test"], problem["entry_point"]
-    code = completion
-    fenced = _fenced_code(completion, entry_point) if "```" in completion else None
-    if fenced is not None and (_defines(fenced, entry_point) or completion.lstrip().startswith("```")):
-        code = fenced
-    whole_function = _defines(code, entry_point)
-    if whole_function:
-        solution = _preamble(prompt, entry_point) + _keep_definitions(code)
-    else:
-        solution = prompt + truncate_completion(code)
-    solution += "\n"
-    invalid = _invalid(solution, prompt, entry_point, whole_function)
-    return Check(solution=solution, test=f"{_preamble(prompt, entry_point)}\n{test}\n", entry_point=entry_point, invalid=invalid)
+    preamble = _preamble(prompt, entry_point)
+    solution = prompt + completion + "\n"  # what is shown if the completion cannot be assembled at all
+    try:
+        code = completion
+        fenced = _fenced_code(completion, entry_point) if "```" in completion else None
+        if fenced is not None and (_defines(fenced, entry_point) or completion.lstrip().startswith("```")):
+            code = fenced
+        whole_function = _defines(code, entry_point)
+        if whole_function:
+            solution = preamble + code + "\n"  # as shown if the answer cannot be parsed
+            solution = preamble + _keep_definitions(code) + "\n"
+        else:
+            solution = prompt + truncate_completion(code) + "\n"
+        invalid = _invalid(solution, prompt, entry_point, whole_function)
+    except Exception as exc:  # noqa: BLE001 - one completion's error must not end the evaluation
+        invalid = f"the completion could not be parsed: {_describe(exc)}"
+    return Check(solution=solution, test=f"{preamble}\n{test}\n", entry_point=entry_point, invalid=invalid)
+
+
+def _describe(exc: BaseException) -> str:
+    """``'<Type>: <message>'`` on one line, at most 200 characters of message."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message[:200]}" if message else type(exc).__name__
 
 
 def _invalid(solution: str, prompt: str, entry_point: str, whole_function: bool) -> str | None:
@@ -154,10 +168,12 @@ def _invalid(solution: str, prompt: str, entry_point: str, whole_function: bool)
     except SyntaxError as exc:
         where = f" (line {exc.lineno}: {lines[exc.lineno - 1].strip()[:120]})" if exc.lineno and exc.lineno <= len(lines) else ""
         return f"the completion does not parse with its prompt: {type(exc).__name__}: {exc.msg}{where}"
+    except Exception as exc:  # noqa: BLE001 - RecursionError, MemoryError from the parser on deeply nested code
+        return f"the completion could not be parsed: {_describe(exc)}"
     if not whole_function:
         try:
             expected = len(parse_code(prompt).body)
-        except SyntaxError:
+        except Exception:  # noqa: BLE001 - a prompt that does not parse: nothing to compare with
             expected = None
         if expected is not None and len(tree.body) > expected:
             extra = tree.body[expected]
@@ -173,4 +189,6 @@ def _invalid(solution: str, prompt: str, entry_point: str, whole_function: bool)
     except SyntaxError as exc:
         where = f" (line {exc.lineno}: {lines[exc.lineno - 1].strip()[:120]})" if exc.lineno and exc.lineno <= len(lines) else ""
         return f"the completion does not compile with its prompt: {type(exc).__name__}: {exc.msg}{where}"
+    except Exception as exc:  # noqa: BLE001 - RecursionError in the compiler, ...
+        return f"the completion could not be compiled: {_describe(exc)}"
     return None

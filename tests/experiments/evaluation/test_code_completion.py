@@ -220,3 +220,68 @@ def test_mbpp_without_a_called_definition_is_an_error():
     broken = dict(MBPP_FULL, test_list=["assert other_name(1) == 2"])
     with pytest.raises(ValueError, match="no function defined by the reference code"):
         mbpp_to_humaneval(broken)
+
+
+# --------------------------------------------------------------------------------------------
+# Building a check never raises: a completion that cannot be assembled is invalid, with the reason
+
+DEEP = {
+    "unary minus": ("    return " + "-" * 3000 + "1\n", "RecursionError"),
+    "attribute chain": ("    return a" + ".b" * 3000 + "\n", "RecursionError"),
+    "nested calls": ("    return f" + "()" * 3000 + "\n", "RecursionError"),
+    "nested parentheses": ("    return " + "(" * 3000 + "1" + ")" * 3000 + "\n", "too many nested parentheses"),
+    "nested lists": ("    return " + "[" * 3000 + "]" * 3000 + "\n", "too many nested parentheses"),
+    "long sum": ("    return " + "+".join(["1"] * 100_000) + "\n", "RecursionError"),
+    "whole function, unary minus": ("def hypot(a, b):\n    return " + "-" * 3000 + "1\n", "RecursionError"),
+    "whole function, nested lambdas": ("```python\ndef hypot(a, b):\n    return " + "lambda: " * 3000 + "1\n```", "MemoryError"),
+    "null byte": ("    return 1\x00\n", "null bytes"),
+}
+
+
+@pytest.mark.parametrize("name", DEEP)
+def test_a_completion_the_parser_cannot_take_is_invalid_with_the_reason(name):
+    completion, error = DEEP[name]
+    check = build_check(PROBLEM, completion)
+    assert check.invalid is not None and error in check.invalid, check.invalid
+    assert "\n" not in check.invalid and len(check.invalid) < 400
+    assert completion.strip("`\n").splitlines()[-1] in check.solution and check.entry_point == "hypot"
+
+
+@pytest.mark.sandbox
+def test_checks_of_normal_completions_are_built_and_run_beside_deep_ones():
+    completions = [PROBLEM["canonical_solution"], *(c for c, _ in DEEP.values()), FULL_FUNCTION_ANSWERS["plain"]]
+    results = check_solutions([build_check(PROBLEM, c) for c in completions], LIMITS)
+    assert [r.status for r in results] == ["passed"] + ["invalid"] * len(DEEP) + ["passed"]
+
+
+BODY, FENCED = "    return a\n", "```python\nfrom __future__ import annotations\ndef hypot(a, b):\n    return a\n```"
+
+
+@pytest.mark.parametrize("completion, where", [
+    *((BODY, w) for w in ("parse_code", "truncate_completion", "compile", "_invalid")),
+    *((FENCED, w) for w in ("parse_code", "_fenced_code", "_keep_definitions", "compile", "_invalid")),
+])
+def test_any_error_while_building_makes_the_check_invalid(monkeypatch, completion, where):
+    import experiments.evaluation.code_completion as cc
+
+    test = build_check(PROBLEM, completion).test
+
+    def broken(*args, **kwargs):
+        raise ValueError("broken on purpose")
+
+    monkeypatch.setattr(cc, where, broken, raising=False)
+    check = build_check(PROBLEM, completion)
+    assert check.invalid is not None and "ValueError: broken on purpose" in check.invalid, check.invalid
+    assert "import math\n" in check.solution and check.test == test
+
+
+@pytest.mark.parametrize("completion", [BODY, FENCED])
+def test_an_interrupt_while_building_is_not_swallowed(monkeypatch, completion):
+    import experiments.evaluation.code_completion as cc
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cc, "parse_code", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_check(PROBLEM, completion)

@@ -113,6 +113,30 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch, capsys):
     assert samples[1]["completion"] == "    return a\n" and "neg(4) returned 4" in samples[1]["reason"]
 
 
+@pytest.mark.sandbox
+def test_a_completion_whose_check_cannot_be_built_is_scored_invalid(lm, tmp_path, monkeypatch):
+    """A completion the parser cannot take (3,000 nested unary minus signs: RecursionError) is `invalid` with the
+    reason; the other completions are still checked and pass@k is reported."""
+    model, tok = lm
+    real = ev._timed_generate
+    nested = "    return " + "-" * 3000 + "a\n"
+
+    def fake(timing, m, t, prompts, **kw):
+        if not kw.get("desc", "").startswith("code"):
+            return real(timing, m, t, prompts, **kw)
+        texts = ["    return a + b\n" if "def add" in p else nested for p in prompts]
+        return GenerationOutput(texts=texts, token_ids=[[1]] * len(texts), stopped=[True] * len(texts))
+
+    monkeypatch.setattr(ev, "_timed_generate", fake)
+    res = ev.evaluate_run(model, model, tok, bench_with_code(), _cfg(tmp_path, pass_k=[1, 2], n_samples=2), "tiny/e2e",
+                          chat_template=False, progress=False)
+    target = res["target"]
+    assert target["pass@1"] == pytest.approx(0.5) and target["pass@2"] == pytest.approx(0.5)
+    assert target["failures"] == {"invalid": 3}
+    invalid = [s for s in res["code_samples"] if s["status"] == "invalid"]
+    assert len(invalid) == 3 and all("could not be parsed: RecursionError" in s["reason"] for s in invalid)
+
+
 def test_a_sandbox_that_cannot_run_stops_the_evaluation_before_generating(lm, tmp_path, monkeypatch):
     import sandbox
 

@@ -54,3 +54,15 @@ def test_a_run_without_stored_completions_is_refused(tmp_path, capsys):
     assert main([str(run)]) == 2 and "error:" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no complete record.json"):
         rescore(tmp_path / "elsewhere")
+
+
+@pytest.mark.sandbox
+def test_a_completion_whose_check_cannot_be_built_is_invalid_and_the_rest_is_checked(tmp_path):
+    right, deep = _problems(2)
+    nested = "    return " + "-" * 3000 + "1\n"  # the parser raises RecursionError
+    run, _ = _run(tmp_path, [(right, right["canonical_solution"], "passed"), (deep, nested, "failed")])
+    result = rescore(run)
+    assert result["n"] == 2 and result["rechecked_pass@1"] == 0.5
+    [changed] = result["changed"]
+    assert (changed["task_id"], changed["old"], changed["new"]) == (deep["task_id"], "failed", "invalid")
+    assert "could not be parsed: RecursionError" in changed["new_reason"]
