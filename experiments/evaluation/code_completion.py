@@ -82,25 +82,108 @@ def _defines(code: str, entry_point: str) -> bool:
     return re.search(rf"(?m)^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code) is not None
 
 
-def _keep_definitions(code: str) -> str:
-    """Top-level imports, definitions and assignments of ``code``; examples and tests dropped.
+#: Calls that are examples or tests when they are a top-level statement of a whole-function answer (with
+#: ``check``, the answer's own test, and the entry point itself).
+EXAMPLE_CALLS = frozenset({"print", "check", "unittest.main", "doctest.testmod", "pytest.main"})
 
-    Chat models often follow the function with usage examples (``print(f(3))``, asserts, an
-    ``if __name__ == '__main__':`` block reading input). Those are not part of the answer and
-    may fail or hang on their own. Code that does not parse is returned unchanged.
+
+def _called(node: ast.expr) -> str:
+    """The dotted name a call calls (``'print'``, ``'unittest.main'``), '' when it is not a plain name."""
+    func, parts = getattr(node, "func", None), []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    return ".".join([func.id, *reversed(parts)]) if isinstance(func, ast.Name) else ""
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    if not isinstance(node, ast.If) or not isinstance(test, ast.Compare) or len(test.ops) != 1:
+        return False
+    sides = [test.left, *test.comparators]
+    return (isinstance(test.ops[0], ast.Eq) and any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def _binds_check(node: ast.stmt) -> bool:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == "check"
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        targets = [node.target]
+    else:
+        return False
+    return any(isinstance(n, ast.Name) and n.id == "check" for t in targets for n in ast.walk(t))
+
+
+def _is_example(node: ast.stmt, entry_point: str) -> bool:
+    """Whether a top-level statement of a whole-function answer is an example or a test, not part of the answer."""
+    if isinstance(node, ast.Assert) or _is_main_guard(node) or _binds_check(node):
+        return True
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Call) and _called(node.value) in EXAMPLE_CALLS | {entry_point}
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.If)):  # a loop or branch of nothing but examples
+        inner = [n for n in node.body + node.orelse if not isinstance(n, ast.Pass)]
+        return bool(inner) and all(_is_example(n, entry_point) for n in inner)
+    return False
+
+
+def _cut(code: str, tree: ast.Module, pick) -> tuple[str, list[str]]:
+    """``code`` without the top-level statements ``pick`` marks ``'drop'`` or ``'move'``, and the moved ones' text.
+
+    A statement alone on its lines is removed with them (and a comment after it); one that shares a line with
+    another (``print(x); y = 1``) becomes ``pass``. Everything else (comments, blank lines) stays as written.
     """
+    lines = [line.encode() for line in code.split("\n")]  # AST column offsets count UTF-8 bytes
+    moved = []
+    for node in reversed(tree.body):
+        what = pick(node)
+        if what == "keep":
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+        last = node.end_lineno - 1
+        start = 0 if first < node.lineno - 1 else node.col_offset
+        span = b"\n".join(lines[first : last + 1])
+        stop = len(span) - len(lines[last]) + node.end_col_offset
+        head, tail = span[:start], span[stop:]
+        if what == "move":
+            moved.append(span[start:stop].decode())
+        if head.strip() or tail.strip() and not tail.strip().startswith(b"#"):
+            lines[first : last + 1] = [head + b"pass" + tail]
+        else:
+            del lines[first : last + 1]
+    return b"\n".join(lines).decode(), moved[::-1]
+
+
+def _is_future(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__" and node.level == 0
+
+
+def _keep_definitions(code: str, entry_point: str) -> tuple[str, list[str]]:
+    """A whole-function answer as written, less its examples and tests; and its ``__future__`` imports, apart.
+
+    The answer's top-level statements are kept in order, as written (imports, definitions, assignments, calls such
+    as ``sys.setrecursionlimit(10000)``, loops filling a table, ``try``/``with``/``if`` blocks, code reading
+    input), except what is an example or a test and no part of the answer (:func:`_is_example`):
+
+    * an ``if __name__ == "__main__":`` block;
+    * ``assert`` statements;
+    * expression statements that call ``print``, the entry point, ``check``, ``unittest.main``,
+      ``doctest.testmod`` or ``pytest.main`` (``print(f(3))``, ``f(1, 2)``, ``check(f)``);
+    * a ``for``/``while`` loop or an ``if`` whose body holds nothing but such statements;
+    * definitions of and assignments to ``check``: the answer's own test (the benchmark's test defines ``check``).
+
+    ``from __future__`` imports are returned apart, to go first in the program. Code that does not parse is
+    returned unchanged (the check reports why); other errors of the parser (``RecursionError`` on deeply nested
+    code) propagate.
+    """
+    code = re.sub(r"\r\n?", "\n", code)
     try:
         tree = parse_code(code)
     except SyntaxError:
-        return code
-    keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
-    lines = code.split("\n")
-    parts = []
-    for node in tree.body:
-        if isinstance(node, keep):
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            parts.append("\n".join(lines[first - 1 : node.end_lineno]))
-    return "\n".join(parts)
+        return code, []
+    return _cut(code, tree, lambda n: "move" if _is_future(n) else "drop" if _is_example(n, entry_point) else "keep")
 
 
 def _preamble(prompt: str, entry_point: str) -> str:
@@ -117,10 +200,11 @@ def build_check(problem: dict, completion: str) -> Check:
     whole ``def <entry_point>(`` at column 0 (chat models answer with the full function, often
     inside a markdown code block): then the code (the fenced block that defines the function, if
     there is one) replaces the prompt's function, keeping everything the prompt has before that
-    function (imports, helper functions such as HumanEval/38's ``encode_cyclic``), and top-level
-    statements other than imports, definitions and assignments (usage examples, asserts, a
-    ``__main__`` block) are dropped from it. A completion that starts with a code fence but holds
-    only a body is unwrapped first.
+    function (imports, helper functions such as HumanEval/38's ``encode_cyclic``). The answer is
+    kept as written, in order, less its examples and tests (a ``__main__`` block, asserts, calls
+    of ``print`` or of the entry point, its own ``check``: :func:`_keep_definitions`); every
+    ``from __future__`` import, the prompt's and the answer's, goes first. A completion that
+    starts with a code fence but holds only a body is unwrapped first.
 
     The **test** (run in the test's process, where no code of the completion runs) is the
     prompt before the entry point's ``def`` (its imports and helpers, which the benchmark's tests
@@ -145,13 +229,26 @@ def build_check(problem: dict, completion: str) -> Check:
         whole_function = _defines(code, entry_point)
         if whole_function:
             solution = preamble + code + "\n"  # as shown if the answer cannot be parsed
-            solution = preamble + _keep_definitions(code) + "\n"
+            solution = _whole_function_solution(preamble, code, entry_point) + "\n"
         else:
             solution = prompt + truncate_completion(code) + "\n"
         invalid = _invalid(solution, prompt, entry_point, whole_function)
     except Exception as exc:  # noqa: BLE001 - one completion's error must not end the evaluation
         invalid = f"the completion could not be parsed: {_describe(exc)}"
     return Check(solution=solution, test=f"{preamble}\n{test}\n", entry_point=entry_point, invalid=invalid)
+
+
+def _whole_function_solution(preamble: str, code: str, entry_point: str) -> str:
+    """The prompt's preamble and a whole-function answer, every ``from __future__`` import first."""
+    answer, futures = _keep_definitions(code, entry_point)
+    early: list[str] = []
+    if "__future__" in preamble:
+        try:
+            preamble, early = _cut(preamble, parse_code(preamble), lambda n: "move" if _is_future(n) else "keep")
+        except SyntaxError:
+            pass
+    futures = early + futures
+    return "".join(f + "\n" for f in futures) + preamble + answer
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 
 import pytest
 
@@ -223,6 +224,119 @@ def test_mbpp_without_a_called_definition_is_an_error():
 
 
 # --------------------------------------------------------------------------------------------
+# Whole-function answers are kept as written, less their examples and tests
+
+#: Realistic whole-function answers that need a top-level statement besides definitions: (problem, answer, the
+#: kept statements in their order, a dropped example).
+AS_WRITTEN = {
+    "recursion limit": (
+        {"task_id": "Toy/1", "entry_point": "sum_to",
+         "prompt": 'def sum_to(n: int) -> int:\n    """1 + 2 + ... + n, recursively."""\n',
+         "test": "\n\ndef check(candidate):\n    assert candidate(3) == 6\n    assert candidate(5000) == 12502500\n"},
+        ("```python\nimport sys\n\nsys.setrecursionlimit(10000)\n\n\ndef sum_to(n: int) -> int:\n    if n == 0:\n"
+        "        return 0\n    return n + sum_to(n - 1)\n\n\nprint(sum_to(5000))  # 12502500\n```\n"),
+        ["import sys", "sys.setrecursionlimit(10000)", "def sum_to(n: int) -> int:"],
+        "print(sum_to(5000))",
+    ),
+    "table filled by a loop": (
+        {"task_id": "Toy/2", "entry_point": "fib",
+         "prompt": 'def fib(n: int) -> int:\n    """The n-th Fibonacci number, n <= 90."""\n',
+         "test": "\n\ndef check(candidate):\n    assert candidate(0) == 0\n    assert candidate(10) == 55\n"
+                 "    assert candidate(90) == 2880067194370816120\n"},
+        ("FIB = [0, 1]\nfor _ in range(2, 91):\n    FIB.append(FIB[-1] + FIB[-2])\n\n\ndef fib(n: int) -> int:\n"
+        "    return FIB[n]\n\n\nfor n in range(5):\n    print(n, fib(n))\nassert fib(10) == 55\n"),
+        ["FIB = [0, 1]", "for _ in range(2, 91):", "FIB.append(FIB[-1] + FIB[-2])", "def fib(n: int) -> int:"],
+        "print(n, fib(n))",
+    ),
+    "import with a fallback": (
+        {"task_id": "Toy/3", "entry_point": "grid_paths",
+         "prompt": 'def grid_paths(m: int, n: int) -> int:\n    """Monotone paths through an m x n grid of steps."""\n',
+         "test": "\n\ndef check(candidate):\n    assert candidate(2, 2) == 6\n    assert candidate(3, 7) == 120\n"},
+        ("Using the binomial coefficient:\n\n```python\ntry:\n    from math import comb\nexcept ImportError:  # Python < 3.8\n"
+        "    def comb(n, k):\n        result = 1\n        for i in range(1, k + 1):\n"
+        "            result = result * (n - k + i) // i\n        return result\n\n\ndef grid_paths(m: int, n: int) -> int:\n"
+        "    return comb(m + n, n)\n\n\nif __name__ == \"__main__\":\n    print(grid_paths(int(input()), int(input())))\n```\n"),
+        ["try:", "from math import comb", "except ImportError:", "def grid_paths(m: int, n: int) -> int:"],
+        "__main__",
+    ),
+    "future import after the prompt's imports": (
+        {"task_id": "Toy/4", "entry_point": "evens",
+         "prompt": 'from typing import List\n\n\ndef evens(numbers: List[int]) -> List[int]:\n    """The even numbers."""\n',
+         "test": "\n\ndef check(candidate):\n    assert candidate([1, 2, 3, 4]) == [2, 4]\n    assert candidate(None) == []\n"},
+        ("from __future__ import annotations\n\n\ndef evens(numbers: list[int] | None) -> list[int]:\n"
+        "    return [n for n in numbers or [] if n % 2 == 0]\n\n\ndef check(candidate):\n    assert candidate([2]) == [2]\n\n\n"
+        "check(evens)\nevens([1, 2])\n"),
+        ["from __future__ import annotations", "from typing import List", "def evens(numbers: list[int] | None)"],
+        "check(evens)",
+    ),
+}
+
+
+def _in_order(text: str, parts: list[str]) -> bool:
+    at = [text.find(p) for p in parts]
+    return -1 not in at and at == sorted(at)
+
+
+@pytest.mark.parametrize("name", AS_WRITTEN)
+def test_whole_function_answers_keep_their_top_level_statements(name):
+    problem, answer, kept, dropped = AS_WRITTEN[name]
+    check = build_check(problem, answer)
+    assert check.invalid is None, check.invalid
+    assert _in_order(check.solution, kept), check.solution
+    assert dropped not in check.solution and "def check" not in check.solution
+    # The program HumanEval's harness would run (solution, test, check) passes as one program too.
+    program = compile(f"{check.solution}\n{check.test}\ncheck({check.entry_point})\n", "program.py", "exec", dont_inherit=True)
+    limit = sys.getrecursionlimit()
+    try:
+        exec(program, {"__name__": "program"})  # noqa: S102 - the fixed programs above
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+@pytest.mark.sandbox
+def test_whole_function_answers_kept_as_written_pass():
+    checks = [build_check(problem, answer) for problem, answer, _, _ in AS_WRITTEN.values()]
+    results = check_solutions(checks, LIMITS)
+    for name, result in zip(AS_WRITTEN, results):
+        assert result.passed, (name, result.status, result.reason)
+
+
+@pytest.mark.parametrize(
+    "answer, kept, dropped",
+    [
+        ("def hypot(a, b):\n    return a\nprint('x'); Y = 2  # c\n", ["pass; Y = 2  # c"], ["print("]),
+        ("def hypot(a, b):\n    return a\nhypot(1, 2)\nhypot(3, 4) == 5\n", ["hypot(3, 4) == 5"], ["hypot(1, 2)\n"]),
+        ("def hypot(a, b):\n    return a\nfor i in range(3):\n    assert hypot(i, 0) == i\n    pass\n", [], ["for i"]),
+        ("def hypot(a, b):\n    return a\nwhile True:\n    pass\n", ["while True:"], []),
+        ("def hypot(a, b):\n    return a\ncheck = None\nclass check:\n    pass\n", [], ["check"]),
+        ("def hypot(a, b):\n    return a\nimport unittest\nunittest.main()\n", ["import unittest"], ["unittest.main"]),
+        ("def hypot(a, b):\n    return a\nif '__main__' == __name__:\n    hypot(1, 2)\nelse:\n    X = 1\n", [], ["X = 1"]),
+        ("def hypot(a, b):\n    return a\nif DEBUG := False:\n    X = 1\nwith open(__file__) as f:\n    S = f.read()\n",
+         ["if DEBUG := False:", "with open(__file__)"], []),
+        ("@staticmethod\ndef check(c):\n    pass\ndef hypot(a, b):\n    return a\n", [], ["@staticmethod", "def check"]),
+        ("def hypot(a, b):\n    return a\r\nprint(1)\r\nZ = 'é'; print(Z); W = 1\r\n", ["Z = 'é'; pass; W = 1"], ["print("]),
+    ],
+)
+def test_whole_function_answers_lose_only_examples_and_tests(answer, kept, dropped):
+    check = build_check(PROBLEM, answer)
+    assert check.invalid is None, check.invalid
+    assert _in_order(check.solution, ["import math", "def helper(x):", "def hypot(a, b):", *kept]), check.solution
+    for text in dropped:
+        assert text not in check.solution, check.solution
+
+
+def test_future_imports_of_the_prompt_and_the_answer_go_first():
+    problem = dict(PROBLEM, prompt='"""Module."""\nfrom __future__ import division\nimport math\n\n\n' + PROBLEM["prompt"][13:])
+    check = build_check(problem, "import os\nfrom __future__ import (\n    annotations,\n)\n\ndef hypot(a: int | None, b):\n    return a\n")
+    assert check.invalid is None, check.invalid
+    assert check.solution.startswith("from __future__ import division\nfrom __future__ import (\n    annotations,\n)\n"
+                                     '"""Module."""\nimport math\n'), check.solution
+    assert _in_order(check.solution, ["def helper", "import os", "def hypot"])
+    # a body-only completion of a prompt with a __future__ import is unchanged
+    assert build_check(problem, "    return a\n").solution == problem["prompt"] + "    return a\n"
+
+
+# --------------------------------------------------------------------------------------------
 # Building a check never raises: a completion that cannot be assembled is invalid, with the reason
 
 DEEP = {
@@ -259,7 +373,7 @@ BODY, FENCED = "    return a\n", "```python\nfrom __future__ import annotations\
 
 @pytest.mark.parametrize("completion, where", [
     *((BODY, w) for w in ("parse_code", "truncate_completion", "compile", "_invalid")),
-    *((FENCED, w) for w in ("parse_code", "_fenced_code", "_keep_definitions", "compile", "_invalid")),
+    *((FENCED, w) for w in ("parse_code", "_fenced_code", "_keep_definitions", "_cut", "compile", "_invalid")),
 ])
 def test_any_error_while_building_makes_the_check_invalid(monkeypatch, completion, where):
     import experiments.evaluation.code_completion as cc
