@@ -1,9 +1,12 @@
-"""One cgroup per checked solution: its memory and its process count bounded in total.
+"""One cgroup per checked solution: its memory, its process count and its CPU bounded in total.
 
 Resource limits (RLIMIT_AS, RLIMIT_NPROC) bound each process, so a solution that starts 64
 processes of 1 GB each could hold 64 GB. A cgroup bounds everything the solution starts
 together: ``memory`` (``memory.limit_in_bytes`` in cgroup v1, ``memory.max`` in v2; page cache,
-tmpfs files and kernel memory included) and ``pids`` (``pids.max``). The solution's bootstrap
+tmpfs files and kernel memory included), ``pids`` (``pids.max``) and, where the ``cpu``
+controller is there too, CPU time (``cpu.cfs_quota_us`` in v1, ``cpu.max`` in v2: one CPU's worth
+per period, however many processes or sessions the solution starts; a process in a cpu cgroup is
+also out of reach of the scheduler's per-session autogroups). The solution's bootstrap
 joins the group through a ``cgroup.procs`` file that this process opened, before any of the
 solution's code runs, so every process it starts is born inside.
 
@@ -31,6 +34,7 @@ from pathlib import Path
 __all__ = ["CgroupSupport", "ProgramCgroup", "detect"]
 
 _PREFIX = "atlas-sandbox"
+_CPU_PERIOD_US = 100_000
 _counter = itertools.count()
 _lock = threading.Lock()
 
@@ -40,14 +44,19 @@ class CgroupSupport:
     """Where per-program cgroups are made: ``version`` 1 (one directory per controller) or 2."""
 
     version: int
-    parents: tuple[Path, ...]  # v1: (memory parent, pids parent); v2: (parent,)
+    parents: tuple[Path, ...]  # v1: (memory parent, pids parent[, cpu parent]); v2: (parent,)
+    cpu: bool = False  # the cpu controller is there: each group gets a CPU quota
 
     def describe(self) -> str:
         where = ", ".join(str(p) for p in self.parents)
-        return f"cgroup v{self.version} (memory and pids controllers) under {where}"
+        controllers = "memory, pids and cpu controllers" if self.cpu else "memory and pids controllers; no cpu controller"
+        return f"cgroup v{self.version} ({controllers}) under {where}"
 
-    def create(self, memory_bytes: int, max_processes: int) -> "ProgramCgroup":
-        """A new empty group with these limits (removed by :meth:`ProgramCgroup.remove`)."""
+    def create(self, memory_bytes: int, max_processes: int, cpus: float = 1.0) -> "ProgramCgroup":
+        """A new empty group with these limits (removed by :meth:`ProgramCgroup.remove`).
+
+        ``cpus``: CPU time per period, in CPUs (1.0: one CPU's worth), where :attr:`cpu` holds.
+        """
         while True:
             with _lock:
                 name = f"{_PREFIX}-{os.getpid()}-{next(_counter)}"
@@ -58,8 +67,12 @@ class CgroupSupport:
         try:
             for path in paths:
                 path.mkdir()
+            quota = max(1000, int(cpus * _CPU_PERIOD_US))
             if self.version == 1:
-                memory, pids = paths
+                memory, pids = paths[:2]
+                if self.cpu:
+                    _write(paths[2] / "cpu.cfs_period_us", _CPU_PERIOD_US)
+                    _write(paths[2] / "cpu.cfs_quota_us", quota)
                 _write(memory / "memory.limit_in_bytes", memory_bytes)
                 if (memory / "memory.memsw.limit_in_bytes").exists():
                     with contextlib.suppress(OSError):  # no swap accounting: nothing to bound
@@ -72,6 +85,8 @@ class CgroupSupport:
                     with contextlib.suppress(OSError):
                         _write(path / "memory.swap.max", 0)
                 _write(path / "pids.max", max_processes)
+                if self.cpu:
+                    _write(path / "cpu.max", f"{quota} {_CPU_PERIOD_US}")
         except BaseException:
             group.remove()
             raise
@@ -120,6 +135,23 @@ class ProgramCgroup:
             return int((self._memory() / name).read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+    def throttled_seconds(self) -> float:
+        """How long the group was held back by its own CPU quota, in seconds (0.0 without a cpu controller)."""
+        path = self.paths[2] if self.version == 1 and len(self.paths) > 2 else self.paths[0] if self.version == 2 else None
+        if path is None:
+            return 0.0
+        try:
+            text = (path / "cpu.stat").read_text()
+        except OSError:
+            return 0.0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "throttled_time":  # v1, nanoseconds
+                return int(value) / 1e9
+            if key == "throttled_usec":  # v2, microseconds
+                return int(value) / 1e6
+        return 0.0
 
     def pids(self) -> list[int]:
         out: set[int] = set()
@@ -214,7 +246,8 @@ def detect() -> tuple[CgroupSupport | None, str]:
 
     Tries cgroup v2 first (the group this process is in must have, or be able to enable, the
     memory and pids controllers for its children), then v1 (memory and pids hierarchies,
-    groups made below this process's own group in each).
+    groups made below this process's own group in each). The cpu controller is used where it is
+    there too (:attr:`CgroupSupport.cpu`), never required.
     """
     own = _own_paths()
     reasons = []
@@ -236,23 +269,36 @@ def detect() -> tuple[CgroupSupport | None, str]:
         except OSError as exc:
             reasons.append(f"cgroup v2 at {parent}: {exc.strerror or exc}")
             continue
+        cpu = "cpu" in available
+        if cpu and "cpu" not in enabled:
+            try:
+                _write(parent / "cgroup.subtree_control", "+cpu")
+            except OSError:
+                cpu = False
         _remove_stale((parent,))
-        return CgroupSupport(2, (parent,)), ""
+        return CgroupSupport(2, (parent,), cpu), ""
     v1 = {}
     for point, fstype, options in mounts:
-        for controller in ("memory", "pids"):
+        for controller in ("memory", "pids", "cpu"):
             if fstype == "cgroup" and controller in options and controller in own:
                 v1[controller] = Path(point + own[controller])
-    if set(v1) == {"memory", "pids"}:
+    if {"memory", "pids"} <= set(v1):
         try:
-            for parent in v1.values():
-                _writable_parent(parent)
+            for controller in ("memory", "pids"):
+                _writable_parent(v1[controller])
         except OSError as exc:
-            reasons.append(f"cgroup v1 at {', '.join(map(str, v1.values()))}: {exc.strerror or exc}")
+            reasons.append(f"cgroup v1 at {v1['memory']}, {v1['pids']}: {exc.strerror or exc}")
         else:
             parents = (v1["memory"], v1["pids"])
+            cpu = "cpu" in v1
+            if cpu:
+                try:
+                    _writable_parent(v1["cpu"])
+                    parents += (v1["cpu"],)
+                except OSError:
+                    cpu = False
             _remove_stale(parents)
-            return CgroupSupport(1, parents), ""
+            return CgroupSupport(1, parents, cpu), ""
     elif v1 or not reasons:
         reasons.append("no cgroup v1 hierarchy with both the memory and pids controllers is mounted")
     return None, "; ".join(reasons)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import glob
 import importlib.util
 import os
 import pwd
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from sandbox import cgroups
+from sandbox import cgroups, syscall_filter
 
 MODES = ("bwrap", "bwrap-userns", "setuid", "plain")
 #: Root never falls back to 'plain' by itself: root ignores RLIMIT_NPROC, so without a cgroup a
@@ -80,13 +81,19 @@ class Plan:
     interpreter_dirs: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()  # project paths that bound directories would otherwise show
     inside_dir: str = INSIDE_HOST
+    seccomp: bytes | None = None  # the BPF program of syscall_filter (None: not applied, see seccomp_reason)
+    seccomp_reason: str = ""
 
     @property
     def mount_namespace(self) -> bool:
         return self.bwrap is not None
 
-    def argv(self, role_network: bool, file_size_mb: int) -> list[str]:
-        """The command line of one sandboxed process (``role_network``: keep the host network)."""
+    def argv(self, role_network: bool, file_size_mb: int, seccomp_fd: int | None = None) -> list[str]:
+        """The command line of one sandboxed process (``role_network``: keep the host network).
+
+        ``seccomp_fd``: a descriptor holding :attr:`seccomp` for bubblewrap to apply (bubblewrap
+        modes); in the other modes the bootstrap applies the program itself.
+        """
         boot = [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {self.inside_dir!r}); import boot; boot.main()"]
         if self.bwrap is None:
             return [*self.prefix, *boot]
@@ -134,6 +141,8 @@ class Plan:
             if path not in under_system and under(path, self.interpreter_dirs):
                 args += ["--tmpfs", path, "--remount-ro", path]
         args += mount("--ro-bind", INSIDE_HOST, INSIDE_SANDBOX)
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         args += ["--remount-ro", "/", "--chdir", "/", "--", *boot]
         return args
 
@@ -178,10 +187,38 @@ def project_paths() -> list[str]:
     return sorted(paths)
 
 
+def package_dirs() -> list[str]:
+    """Every site-packages or dist-packages directory a sandboxed process could see (real paths).
+
+    Those on this interpreter's ``sys.path`` (a virtual environment's, the base interpreter's when
+    the environment includes it), those of the base interpreter's prefix (visible inside because
+    the prefix is bound), and the system's below ``/usr`` (bound in the bubblewrap modes), such as
+    Debian's ``/usr/lib/python3/dist-packages``.
+    """
+    candidates = [p for p in sys.path if os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages")]
+    candidates += site_dirs()
+    candidates += list(glob.glob(os.path.join(sys.base_prefix, "lib", "python3*", "site-packages")))
+    for root in ("/usr/lib", "/usr/local/lib", "/usr/lib64"):
+        candidates += glob.glob(os.path.join(root, "python3*", "site-packages"))
+        candidates += glob.glob(os.path.join(root, "python3*", "dist-packages"))
+    found: list[str] = []
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real not in found:
+            found.append(real)
+    return found
+
+
+def unused_package_dirs() -> list[str]:
+    """The :func:`package_dirs` that the interpreter does not import from: hidden whole in the bubblewrap modes."""
+    used = {os.path.realpath(p) for p in sys.path if p} | {os.path.realpath(p) for p in site_dirs()}
+    return [d for d in package_dirs() if d not in used]
+
+
 def benchmark_data_paths() -> list[str]:
-    """The directories of :data:`BENCHMARK_DATA_IN_PACKAGES` that exist in this interpreter's site-packages."""
+    """The directories of :data:`BENCHMARK_DATA_IN_PACKAGES` in any of :func:`package_dirs`."""
     found = []
-    for d in site_dirs():
+    for d in package_dirs():
         for rel in BENCHMARK_DATA_IN_PACKAGES:
             path = os.path.realpath(os.path.join(d, rel))
             if os.path.isdir(path) and path not in found:
@@ -228,7 +265,8 @@ def make_plan(mode: str) -> Plan:
     _compile_inside()
     root = os.geteuid() == 0
     support, reason = cgroups.detect()
-    common = dict(prefix=prefix, cgroups=support, cgroup_reason=reason)
+    program, program_reason = syscall_filter.program()
+    common = dict(prefix=prefix, cgroups=support, cgroup_reason=reason, seccomp=program, seccomp_reason=program_reason)
     if mode in ("bwrap", "bwrap-userns"):
         bwrap = shutil.which("bwrap")
         if bwrap is None:
@@ -240,7 +278,7 @@ def make_plan(mode: str) -> Plan:
         system_dirs = [d for k, _, d in system if k == "bind"]
         interp = [d for d in interp if not under(d, system_dirs)]
         bound = system_dirs + interp
-        hidden = [p for p in project_paths() if under(p, bound)] + benchmark_data_paths()
+        hidden = [p for p in project_paths() + unused_package_dirs() if under(p, bound)] + benchmark_data_paths()
         return Plan(mode, bwrap=bwrap, lease_uid=mode == "bwrap", pid_namespace=True, count_user_processes=False,
                     system_binds=system, interpreter_dirs=tuple(interp), hidden=tuple(hidden),
                     inside_dir=INSIDE_SANDBOX, **common)

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from sandbox import isolation
+from sandbox import isolation, syscall_filter
 from sandbox.run import run_pair
 from sandbox.types import Check, SandboxLimits
 
@@ -89,10 +89,15 @@ def reset() -> None:
 
 
 _PROBE = r'''
-import importlib, importlib.util, json, os, socket
+import ctypes, errno, importlib, importlib.util, json, os, socket
 
 def probe():
     facts = {"uid": os.getuid(), "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd()}
+    facts["keyctl_errno"] = None
+    if KEYCTL_NR is not None:  # KEYCTL_GET_KEYRING_ID of the session keyring, creating nothing
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(KEYCTL_NR, 0, -3, 0) < 0:
+            facts["keyctl_errno"] = errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
     facts["interfaces"] = [name for _, name in socket.if_nameindex()]
     try:
         socket.create_connection(("127.0.0.1", PORT), timeout=2).close()
@@ -192,6 +197,7 @@ def probe(plan: isolation.Plan) -> dict:
         _PROBE.replace("PORT", str(port)).replace("CANDIDATES", repr(candidates)).replace("SECRETS", repr(_secret_paths()))
         .replace("SITE_DIRS", repr(isolation.site_dirs())).replace("SITE_COUNTS", repr(counts))
         .replace("SITE_MODULES", repr(sorted(site_modules.values()))).replace("STDLIB_MODULES", repr(_STDLIB_PROBE))
+        .replace("KEYCTL_NR", repr(syscall_filter.syscall_number("keyctl")))
     )
     try:
         result = run_pair(plan, Check(source, _PROBE_TEST, "probe"), SandboxLimits(wall_seconds=30, cpu_seconds=20))
@@ -243,6 +249,8 @@ def describe(plan: isolation.Plan, facts: dict, fallbacks: list[str]) -> dict:
         "mount_namespace": net,
         "files_hidden": net and not visible,
         "visible_host_paths": visible,
+        "hidden_paths": list(plan.hidden) if net else [],
+        "package_dirs": isolation.package_dirs(),
         "filesystem": (
             "a new root: the system's /usr, /bin, /lib*, the interpreter's directories and site-packages read-only, "
             "a private size-limited tmpfs on /tmp (work directory) and /dev/shm; nothing else of the host"
@@ -261,6 +269,10 @@ def describe(plan: isolation.Plan, facts: dict, fallbacks: list[str]) -> dict:
         "cgroup_unavailable": plan.cgroup_reason or None,
         "signals_contained": (net and facts["ppid"] == 1) or facts["uid"] != os.geteuid(),
         "imports_checked": facts.get("imports_checked", []),
+        "syscall_filter_applied": plan.seccomp is not None and facts.get("keyctl_errno") == "EPERM",
+        "syscall_filter": (syscall_filter.describe(plan.seccomp, plan.seccomp_reason)
+                           if plan.seccomp is None or facts.get("keyctl_errno") == "EPERM" else
+                           f"built but not in force: keyctl inside gave {facts.get('keyctl_errno') or 'success'}, not EPERM"),
         "resource_limits": "RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE=0 set in each process before its code runs",
         "wall_clock": "enforced by the parent: SIGKILL to both processes (and with them their namespaces and cgroup)",
         "command": plan.argv(False, 16),

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from sandbox import isolation
+from sandbox import isolation, syscall_filter
 from sandbox.types import Check, ExecutionResult, SandboxLimits
 
 _DRAIN_SECONDS = 0.5
@@ -285,19 +285,24 @@ def _spawn(plan: isolation.Plan, role: str, source: str, entry_point: str, limit
         "file_size_bytes": int(limits.file_size_mb) << 20,
         "max_processes": int(max_processes),
         "max_message_bytes": int(limits.max_message_bytes),
+        # Without bubblewrap to apply it, the bootstrap loads the filter itself.
+        "seccomp": plan.seccomp if plan.bwrap is None else None,
     }
     blob = marshal.dumps(cfg)
     payload = len(blob).to_bytes(8, "big") + blob + source.encode("utf-8", "replace")
     env = isolation.scrubbed_env()
     if host_dir is not None:
         env.update(HOME=host_dir, TMPDIR=host_dir)
+    seccomp_fd = None
     try:
+        if plan.bwrap is not None and plan.seccomp is not None:
+            seccomp_fd = syscall_filter.program_fd(plan.seccomp)
         proc = subprocess.Popen(
-            plan.argv(limits.network and role == "solution", limits.file_size_mb),
+            plan.argv(limits.network and role == "solution", limits.file_size_mb, seccomp_fd),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(status_w, fds["send"], fds["recv"], *cgroup_fds),
+            pass_fds=(status_w, fds["send"], fds["recv"], *cgroup_fds, *([seccomp_fd] if seccomp_fd is not None else [])),
             start_new_session=True,
             env=env,
             cwd=host_dir or "/",
@@ -307,6 +312,8 @@ def _spawn(plan: isolation.Plan, role: str, source: str, entry_point: str, limit
         raise
     finally:
         os.close(status_w)
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
     child = _Child(role, proc, status_r, payload, limits)
     stack.callback(_close_child, child)
     return child
@@ -335,7 +342,7 @@ def run_pair(plan: isolation.Plan, check: Check, limits: SandboxLimits) -> Execu
                     stack.callback(_kill_uid, uid)
             group = None
             if plan.cgroups is not None:
-                group = plan.cgroups.create(int(limits.memory_mb) << 20, int(limits.max_processes))
+                group = plan.cgroups.create(int(limits.memory_mb) << 20, int(limits.max_processes), cpus=1.0)
                 stack.callback(group.remove)
             request_r, request_w = os.pipe()
             reply_r, reply_w = os.pipe()
@@ -351,13 +358,16 @@ def run_pair(plan: isolation.Plan, check: Check, limits: SandboxLimits) -> Execu
             _close_fds(ends)  # only the two sandboxed processes hold the channel now
         except (OSError, RuntimeError) as exc:
             return ExecutionResult(False, "sandbox_error", f"sandbox set-up failed: {exc}", None, time.monotonic() - start)
-        timed_out = _wait(test, solution, start + limits.wall_seconds)
+        clock = _CheckClock(start, limits.wall_seconds, (test, solution))
+        timed_out = _wait(test, solution, clock)
         if group is not None:
             group.kill()
         _terminate(solution)
         oom_kills = group.oom_kills() if group is not None else 0
         peak = group.peak_bytes() if group is not None else None
         status, reason = _classify(test, solution, timed_out, limits, oom_kills)
+        if status == "timeout" and timed_out and clock.waited > 0.05:
+            reason += f" (plus {clock.waited:.1f} s it waited for a CPU that other work held)"
         s_code, s_signal = _exit_of(solution, solution.status.events())
         returncode = -signal.SIGKILL if timed_out else (s_code if s_signal is None else -s_signal)
         return ExecutionResult(status == "passed", status, reason, returncode, time.monotonic() - start,
@@ -370,7 +380,60 @@ def _close_fds(fds: list[int]) -> None:
             os.close(fds.pop())
 
 
-def _wait(test: _Child, solution: _Child, deadline: float) -> bool:
+def _schedstat(pid: int) -> tuple[float, float] | None:
+    """(CPU time, time waited runnable for a CPU) of ``pid``'s main thread, in seconds (``/proc/<pid>/schedstat``)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            ran, waited = fh.read().split()[:2]
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(_children(current))
+    return found
+
+
+class _CheckClock:
+    """The wall-clock deadline of one check, counting only the time the check was given a CPU.
+
+    The limit is ``wall_seconds`` from the start, plus the time the check waited, runnable, for
+    a CPU that other work held: the longest run delay of any of its processes
+    (``/proc/<pid>/schedstat``), but no more than the CPU time the check did not get in the time
+    elapsed (elapsed less the CPU time its processes ran), so a check whose own processes crowd
+    each other (a spinner, a process pool past its CPU quota) gains nothing. Sleeping adds
+    nothing either: a check that hangs still ends at ``wall_seconds``. The extension is capped at
+    ``wall_seconds`` (no check runs past twice its limit) and measured only when the deadline is
+    reached, so an unhindered check pays nothing for it.
+    """
+
+    def __init__(self, start: float, wall_seconds: float, children: tuple[_Child, ...]) -> None:
+        self.start = start
+        self.wall_seconds = wall_seconds
+        self.children = children
+        self.waited = 0.0
+        self.deadline = start + wall_seconds
+
+    def extend(self) -> bool:
+        """Move the deadline by the CPU wait measured now; True when it moved."""
+        stats = [st for child in self.children if not child.done for st in map(_schedstat, _tree(child.proc.pid)) if st]
+        if not stats:
+            return False
+        not_given = time.monotonic() - self.start - sum(ran for ran, _ in stats)
+        waited = min(max(waited for _, waited in stats), max(0.0, not_given), self.wall_seconds)
+        if waited <= self.waited + 0.01:
+            return False
+        self.waited = waited
+        self.deadline = self.start + self.wall_seconds + waited
+        return True
+
+
+def _wait(test: _Child, solution: _Child, clock: _CheckClock) -> bool:
     """Feed both processes their payloads, collect their output, wait for the test (True: timed out)."""
     children = (test, solution)
     sel = selectors.DefaultSelector()
@@ -411,7 +474,7 @@ def _wait(test: _Child, solution: _Child, deadline: float) -> bool:
                 if not readers:
                     break
                 drain_until = drain_until or now + _DRAIN_SECONDS
-            if not (test.done and solution.done) and now >= deadline:
+            if not (test.done and solution.done) and now >= clock.deadline and not clock.extend():
                 timed_out = True
                 for child in children:
                     _terminate(child)
@@ -419,7 +482,7 @@ def _wait(test: _Child, solution: _Child, deadline: float) -> bool:
                 continue
             if drain_until is not None and now >= drain_until:
                 break
-            limit_at = min(x for x in (drain_until, deadline, solution_deadline) if x is not None)
+            limit_at = min(x for x in (drain_until, clock.deadline, solution_deadline) if x is not None)
             timeout = max(0.0, limit_at - now)
             if any(c.pidfd is None and not c.done for c in children):
                 timeout = min(timeout, 0.02)

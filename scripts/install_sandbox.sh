@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install what the code sandbox uses (docs/sandbox.md): bubblewrap, and util-linux for prlimit and
-# setpriv. Idempotent; Debian/Ubuntu (apt-get). Other distributions: install `bubblewrap` and
-# `util-linux` with their package manager.
+# Install what the code sandbox uses (docs/sandbox.md): bubblewrap, util-linux for prlimit and
+# setpriv, and libseccomp2 for the seccomp filter. Idempotent; Debian/Ubuntu (apt-get). Other
+# distributions: install `bubblewrap`, `util-linux` and `libseccomp` with their package manager.
 #
 #   scripts/install_sandbox.sh          # installs what is missing, then prints the isolation in force
 #
@@ -9,7 +9,7 @@
 # the solution can then see (docs/sandbox.md, "Isolation modes").
 set -euo pipefail
 
-PACKAGES=(bubblewrap util-linux)
+PACKAGES=(bubblewrap util-linux libseccomp2)
 log() { echo "[install_sandbox] $*"; }
 
 missing=()
@@ -35,5 +35,5 @@ if python -c "import sandbox" 2>/dev/null; then
 from sandbox import isolation_report
 r = isolation_report()
 print('[install_sandbox] sandbox mode', repr(r['mode']), '| files hidden:', r['files_hidden'], '| network isolated:', r['network_isolated'],
-      '| memory bounded in total:', r['memory_bounded_in_total'])"
+      '| memory bounded in total:', r['memory_bounded_in_total'], '| seccomp filter:', r['syscall_filter_applied'])"
 fi

@@ -23,8 +23,9 @@ The solution's process closes its status pipe before any of the solution's code 
 supervisor (which the solution's uid cannot reach) reports how it ended.
 
 Set-up, each step driven by the configuration (the parent decides which apply):
-  1. stdin re-pointed at /dev/null; the solution's process joins its cgroups (memory and process
-     count bounded for everything it starts) through the ``cgroup.procs`` files the parent opened;
+  1. stdin re-pointed at /dev/null; the solution's process joins its cgroups (memory, process
+     count and CPU bounded for everything it starts) through the ``cgroup.procs`` files the parent
+     opened; without bubblewrap (which applies it itself), the seccomp filter is loaded;
   2. a supervisor forks the role's process and stays behind to reap it and report how it ended
      (PID 1 of bubblewrap's PID namespace, or a child subreaper without one);
   3. in the role's process: no_new_privs (set by ``setpriv`` before bubblewrap where available);
@@ -43,6 +44,8 @@ import sys
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
 
 
 def _one_line(text, limit=600):
@@ -67,14 +70,27 @@ class Status:
             pass
 
 
-def _prctl(option, value):
+def _prctl(option, value, arg3=0):
     import ctypes  # here, not at the top: ctypes is slow to load and only some modes call prctl (start-up time)
 
     libc = ctypes.CDLL(None, use_errno=True)
     c_ulong = ctypes.c_ulong
-    if libc.prctl(ctypes.c_int(option), c_ulong(value), c_ulong(0), c_ulong(0), c_ulong(0)) != 0:
+    if libc.prctl(ctypes.c_int(option), c_ulong(value), c_ulong(arg3), c_ulong(0), c_ulong(0)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, "prctl(%d): %s" % (option, os.strerror(err)))
+
+
+def _load_seccomp(program):
+    """Apply the parent's seccomp BPF program to this process and all it starts (modes without bubblewrap)."""
+    import ctypes  # here, not at the top: ctypes is slow to load and bubblewrap applies the filter itself
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(code))
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # required to load a filter without CAP_SYS_ADMIN; kept for the role anyway
+    _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
 
 
 def _read_payload():
@@ -197,6 +213,8 @@ def main():
             os.close(fd)
         if not cfg["pid_namespace"]:
             _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        if cfg.get("seccomp"):
+            _load_seccomp(cfg["seccomp"])
     except BaseException as exc:  # noqa: BLE001 - report any set-up failure to the parent
         status.send("setup", "%s: %s" % (type(exc).__name__, exc))
         os._exit(70)

@@ -31,8 +31,14 @@ def test_a_group_bounds_what_joins_it_and_is_removed(support):
         memory = group.paths[0]
         limit_file = "memory.limit_in_bytes" if support.version == 1 else "memory.max"
         assert int((memory / limit_file).read_text()) == 96 << 20
-        pids_dir = group.paths[-1]
+        pids_dir = group.paths[1] if support.version == 1 else group.paths[0]
         assert (pids_dir / "pids.max").read_text().strip() == "5"
+        if support.cpu:  # one CPU's worth per 100 ms period
+            if support.version == 1:
+                assert (group.paths[2] / "cpu.cfs_quota_us").read_text().strip() == "100000"
+                assert (group.paths[2] / "cpu.cfs_period_us").read_text().strip() == "100000"
+            else:
+                assert (group.paths[0] / "cpu.max").read_text().split() == ["100000", "100000"]
         fds = group.open_procs()
         # A child joins through the inherited descriptors (as the bootstrap does), then forks until refused.
         code = (
@@ -78,19 +84,58 @@ def test_memory_over_the_group_limit_is_an_oom_kill_with_a_peak(support):
         group.remove()
 
 
+@pytest.mark.sandbox
+def test_the_processes_of_a_group_share_one_cpu(support):
+    """Four busy processes, each in a session of its own (a scheduler autogroup each), get one CPU between them."""
+    if not support.cpu:
+        pytest.skip(f"no cpu controller here: {support.describe()}")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: a quota of one CPU bounds nothing here")
+    group = support.create(512 << 20, 16)
+    try:
+        fds = group.open_procs()
+        code = (
+            "import os, time\n"
+            f"for fd in {fds!r}:\n    os.write(fd, b'0')\n"
+            "for _ in range(4):\n"
+            "    if os.fork() == 0:\n"
+            "        os.setsid()\n"
+            "        t = time.monotonic()\n"
+            "        while time.monotonic() - t < 1.5:\n            pass\n"
+            "        os._exit(0)\n"
+            "for _ in range(4):\n    os.wait()\n"
+            "c = os.times()\n"
+            "print(c.children_user + c.children_system, flush=True)\n"
+        )
+        start = time.monotonic()
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", code], pass_fds=fds, capture_output=True, text=True, timeout=60)
+        wall = time.monotonic() - start
+        for fd in fds:
+            os.close(fd)
+        cpu = float(out.stdout)
+        # 4 x 1.5 s of spinning: unbounded, every CPU of the machine; bounded, at most one CPU per second of wall time.
+        assert cpu <= 1.15 * wall, (cpu, wall)
+        assert group.throttled_seconds() > 0.3
+    finally:
+        group.remove()
+
+
 def test_the_v2_file_protocol(tmp_path):
     parent = tmp_path / "cgroup"
     parent.mkdir()
-    support = cgroups.CgroupSupport(2, (parent,))
-    group = support.create(1 << 30, 64)
+    support = cgroups.CgroupSupport(2, (parent,), cpu=True)
+    group = support.create(1 << 30, 64, cpus=1.5)
     (path,) = group.paths
     assert (path / "memory.max").read_text() == str(1 << 30) and (path / "pids.max").read_text() == "64"
+    assert (path / "cpu.max").read_text() == "150000 100000"
+    (path / "cpu.stat").write_text("usage_usec 10\nthrottled_usec 2500000\n")
+    assert group.throttled_seconds() == 2.5
     (path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
     (path / "memory.peak").write_text("12345\n")
     (path / "cgroup.procs").write_text("")
     assert group.oom_kills() == 2 and group.peak_bytes() == 12345 and group.pids() == []
     assert "cgroup v2" in support.describe()
-    for name in ("memory.max", "pids.max", "memory.events", "memory.peak", "cgroup.procs"):
+    for name in ("memory.max", "pids.max", "cpu.max", "cpu.stat", "memory.events", "memory.peak", "cgroup.procs"):
         (path / name).unlink()
     group.remove()
     assert not path.exists()
