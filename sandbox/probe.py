@@ -62,6 +62,8 @@ def detected_plan() -> isolation.Plan:
                 log.warning("sandbox runs solutions as root without a process limit: fork bombs are bounded only by the wall clock")
             if not report["memory_bounded_in_total"]:
                 log.warning("sandbox memory is bounded per process only: %s", report["memory_limit"])
+            if not report["syscall_filter_applied"]:
+                log.warning("sandbox runs without its seccomp filter: %s", report["syscall_filter"])
             _report, _plan = report, plan
             return plan
         _plan_error = "no sandbox mode works on this machine: " + "; ".join(fallbacks)
@@ -264,6 +266,13 @@ def describe(plan: isolation.Plan, facts: dict, fallbacks: list[str]) -> dict:
         "processes_limited": plan.cgroups is not None or rlimit_nproc,
         "process_limit": processes,
         "memory_bounded_in_total": plan.cgroups is not None,
+        "cpu_bounded_in_total": plan.cgroups is not None and plan.cgroups.cpu,
+        "cpu_limit": ("one CPU's worth per check for all of the solution's processes (cpu controller of its cgroup); "
+                      "the wall clock adds the time the check waited for a CPU other work held (at most wall_seconds)"
+                      if plan.cgroups is not None and plan.cgroups.cpu else
+                      "RLIMIT_CPU per process only: no cpu cgroup controller"
+                      + (f" ({plan.cgroups.describe()})" if plan.cgroups is not None else f" ({plan.cgroup_reason})")
+                      + "; the wall clock adds the time the check waited for a CPU other work held (at most wall_seconds)"),
         "memory_limit": memory,
         "cgroup": plan.cgroups.describe() if plan.cgroups is not None else None,
         "cgroup_unavailable": plan.cgroup_reason or None,

@@ -17,7 +17,8 @@ STATUSES = {
     "exited or ended during a call, or failed to load",
     "invalid": "the completion does not form a solution on its own: it does not parse with its prompt, or it adds "
     "top-level statements to it (never run)",
-    "timeout": "the wall-clock limit (enforced by the parent) or the CPU-time limit (RLIMIT_CPU)",
+    "timeout": "the wall-clock limit (enforced by the parent; plus the time the check waited for a CPU other work held, "
+    "at most the limit again) or the CPU-time limit (RLIMIT_CPU)",
     "memory": "MemoryError under the address-space limit (RLIMIT_AS), or the solution's processes together over "
     "the memory limit of its cgroup",
     "killed": "the solution was ended by a signal: segmentation fault, file-size limit (SIGXFSZ), SIGKILL, ...",

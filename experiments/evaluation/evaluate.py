@@ -221,7 +221,8 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
     target["n_problems"] = len(problems)
     target["failures"] = dict(sorted(failures.items()))
     target["sandbox"] = {k: sandbox[k] for k in ("mode", "files_hidden", "network_isolated", "memory_bounded_in_total",
-                                                 "processes_limited", "separate_test_process")}
+                                                 "cpu_bounded_in_total", "syscall_filter_applied", "processes_limited",
+                                                 "separate_test_process")}
     timing["execution_s"] = execution_s
     return target
 

@@ -108,6 +108,8 @@ def test_code_completions_run_in_the_sandbox(lm, tmp_path, monkeypatch, capsys):
     assert res["target"]["pass@1"] == pytest.approx(0.5)
     assert res["target"]["n_problems"] == 2 and res["target"]["failures"] == {"failed": 1}
     assert res["target"]["sandbox"]["separate_test_process"] and res["target"]["sandbox"]["mode"]
+    assert isinstance(res["target"]["sandbox"]["syscall_filter_applied"], bool)
+    assert isinstance(res["target"]["sandbox"]["cpu_bounded_in_total"], bool)
     samples = res["code_samples"]
     assert [(s["task_id"], s["kind"], s["status"]) for s in samples] == [("t/0", "greedy", "passed"), ("t/1", "greedy", "failed")]
     assert samples[1]["completion"] == "    return a\n" and "neg(4) returned 4" in samples[1]["reason"]
