@@ -381,13 +381,22 @@ def _close_fds(fds: list[int]) -> None:
 
 
 def _schedstat(pid: int) -> tuple[float, float] | None:
-    """(CPU time, time waited runnable for a CPU) of ``pid``'s main thread, in seconds (``/proc/<pid>/schedstat``)."""
+    """(CPU time of all its threads, longest time one of them waited runnable for a CPU) of ``pid``, in seconds
+    (``/proc/<pid>/task/<tid>/schedstat``); None when it is gone."""
+    ran = waited = 0.0
     try:
-        with open(f"/proc/{pid}/schedstat") as fh:
-            ran, waited = fh.read().split()[:2]
-        return int(ran) / 1e9, int(waited) / 1e9
-    except (OSError, ValueError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                fields = fh.read().split()
+            ran += int(fields[0]) / 1e9
+            waited = max(waited, int(fields[1]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            continue
+    return ran, waited
 
 
 def _tree(pid: int) -> list[int]:
@@ -403,10 +412,10 @@ class _CheckClock:
     """The wall-clock deadline of one check, counting only the time the check was given a CPU.
 
     The limit is ``wall_seconds`` from the start, plus the time the check waited, runnable, for
-    a CPU that other work held: the longest run delay of any of its processes
-    (``/proc/<pid>/schedstat``), but no more than the CPU time the check did not get in the time
-    elapsed (elapsed less the CPU time its processes ran), so a check whose own processes crowd
-    each other (a spinner, a process pool past its CPU quota) gains nothing. Sleeping adds
+    a CPU that other work held: the longest run delay of any of its threads
+    (``/proc/<pid>/task/<tid>/schedstat``), but no more than the CPU time the check did not get in
+    the time elapsed (elapsed less the CPU time its threads ran), so a check whose own processes or
+    threads crowd each other (a spinner, a process pool past its CPU quota) gains nothing. Sleeping adds
     nothing either: a check that hangs still ends at ``wall_seconds``. The extension is capped at
     ``wall_seconds`` (no check runs past twice its limit) and measured only when the deadline is
     reached, so an unhindered check pays nothing for it.

@@ -97,7 +97,7 @@ def _bindings():
     return pyseccomp
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def program() -> tuple[bytes | None, str]:
     """The filter as a BPF program (``struct sock_filter`` array, native byte order), or None and why not."""
     try:

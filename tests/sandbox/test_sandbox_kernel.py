@@ -16,7 +16,17 @@ import time
 
 import pytest
 
-from sandbox import Check, SandboxLimits, cgroups, check_solution, check_solutions, isolation_report, probe, run, syscall_filter
+from sandbox import (
+    Check,
+    SandboxLimits,
+    cgroups,
+    check_solution,
+    check_solutions,
+    isolation_report,
+    probe,
+    run,
+    syscall_filter,
+)
 from tests.sandbox.sandbox_helpers import call_check
 
 pytestmark = pytest.mark.sandbox
