@@ -301,6 +301,42 @@ def test_whole_function_answers_kept_as_written_pass():
         assert result.passed, (name, result.status, result.reason)
 
 
+#: More honest whole-function answers of PROBLEM (hypot), in the shapes chat models write them: each passes as written.
+HONEST = {
+    "cached recursion": "import functools\n\n@functools.lru_cache(maxsize=None)\ndef hypot(a, b):\n    return math.sqrt(a * a + b * b)\n",
+    "helper after the function": "def hypot(a, b):\n    return math.sqrt(_square(a) + _square(b))\n\ndef _square(x):\n    return x * x\n",
+    "class behind the function": ("class Triangle:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n"
+                                  "    def hypotenuse(self):\n        return math.hypot(self.a, self.b)\n\n\n"
+                                  "def hypot(a, b):\n    return Triangle(a, b).hypotenuse()\n"),
+    "module docstring and __all__": '"""Geometry helpers."""\n__all__ = ["hypot"]\n\ndef hypot(a, b):\n    return math.hypot(a, b)\n',
+    "TYPE_CHECKING block": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from numbers import Real\n\n"
+                            "def hypot(a: 'Real', b: 'Real') -> float:\n    return math.hypot(a, b)\n"),
+    "table by a comprehension": "SQUARES = {n: n * n for n in range(100)}\n\ndef hypot(a, b):\n    return math.sqrt(SQUARES[a] + SQUARES[b])\n",
+    "dataclass": ("from dataclasses import dataclass\n\n@dataclass(frozen=True)\nclass Leg:\n    length: float\n\n"
+                  "def hypot(a, b):\n    return math.sqrt(Leg(a).length ** 2 + Leg(b).length ** 2)\n"),
+    "main function behind a guard": ("def hypot(a, b):\n    return math.hypot(a, b)\n\n\ndef main():\n    a, b = map(float, input().split())\n"
+                                     "    print(hypot(a, b))\n\n\nif __name__ == '__main__':\n    main()\n"),
+    "decorator chosen at import": ("try:\n    from functools import cache\nexcept ImportError:\n    def cache(f):\n        return f\n\n\n"
+                                   "@cache\ndef hypot(a, b):\n    return math.hypot(a, b)\n"),
+    "sieve filled by a while loop": ("LIMIT = 200\nsquare = [False] * LIMIT\ni = 0\nwhile i * i < LIMIT:\n    square[i * i] = True\n"
+                                     "    i += 1\n\ndef hypot(a, b):\n    c2 = a * a + b * b\n"
+                                     "    return float(int(c2 ** 0.5)) if c2 < LIMIT and square[c2] else math.sqrt(c2)\n"),
+    "memo dict and global counter": ("_memo = {}\ncalls = 0\n\ndef hypot(a, b):\n    global calls\n    calls += 1\n"
+                                     "    if (a, b) not in _memo:\n        _memo[a, b] = math.sqrt(a * a + b * b)\n    return _memo[a, b]\n"),
+    "examples in a loop after it": ("def hypot(a, b):\n    return math.sqrt(a * a + b * b)\n\n\nfor a, b in [(3, 4), (5, 12)]:\n"
+                                    "    print(hypot(a, b))\n"),
+}
+
+
+@pytest.mark.sandbox
+def test_more_honest_whole_function_answers_pass():
+    checks = [build_check(PROBLEM, f"```python\n{answer}```\n") for answer in HONEST.values()]
+    for name, check in zip(HONEST, checks):
+        assert check.invalid is None, (name, check.invalid)
+    results = check_solutions(checks, LIMITS)
+    assert {name: r.status for name, r in zip(HONEST, results) if not r.passed} == {}
+
+
 @pytest.mark.parametrize(
     "answer, kept, dropped",
     [
