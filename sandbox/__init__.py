@@ -6,7 +6,9 @@ the repository, the benchmark files, the home directory or caches (bubblewrap bu
 holds only the interpreter and its packages), no network, its own uid and PID namespace, and its
 memory and process count bounded in total by a cgroup. A solution that hangs, forks without end,
 allocates 10 GB, fills the disk, reads the tests, patches the interpreter or tries to forge the
-verdict costs only its own result. ``docs/sandbox.md`` describes the design, the isolation modes,
+verdict costs only its own result. A seccomp filter denies the kernel facilities a solution has no
+use for (keyrings, ptrace, mounts, namespaces, bpf, ...), and the cgroup gives all of a solution's
+processes one CPU's worth, so neither a later check nor the one beside it can be reached. ``docs/sandbox.md`` describes the design, the isolation modes,
 where each limit comes from, and what the sandbox does not defend against.
 
 Public API: :class:`Check`, :class:`SandboxLimits`, :class:`ExecutionResult`, :data:`STATUSES`,
@@ -44,6 +46,9 @@ def isolation_report() -> dict:
     nor the home directory or caches; ``visible_host_paths`` lists what it does see),
     ``network_isolated``, ``pid_namespace``, ``filesystem_protected``, ``processes_limited``,
     ``memory_bounded_in_total`` (a cgroup holds all of the solution's processes),
+    ``cpu_bounded_in_total`` (they share one CPU's worth), ``syscall_filter_applied`` (the
+    seccomp filter is in force, as the probe observed) and ``syscall_filter`` (what it denies, or
+    why it is not applied), ``hidden_paths`` (host paths covered inside),
     ``imports_checked``, ``fallbacks`` (why better modes were not used) and ``probe`` (the raw
     observations). Raises RuntimeError when no mode works, for instance when the interpreter's
     imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
