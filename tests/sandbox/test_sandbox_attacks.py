@@ -519,3 +519,22 @@ def test_imports_that_would_break_fail_loudly(monkeypatch, report):
     finally:
         monkeypatch.undo()
         sandbox.probe.reset()
+
+
+def test_package_directories_the_interpreter_does_not_import_from_are_empty_inside(report):
+    """The base interpreter's site-packages below a virtual environment, the system's dist-packages: covered whole."""
+    from sandbox import isolation
+
+    if not report["mount_namespace"]:
+        pytest.skip(f"mode {report['mode']!r} shows the host's filesystem")
+    unused = isolation.unused_package_dirs()
+    if not unused:
+        pytest.skip("the interpreter imports from every site- and dist-packages directory on this machine")
+    assert set(unused) <= set(report["hidden_paths"]), report["hidden_paths"]
+    completion = body(f"""
+        import os
+        return {{d: os.listdir(d) if os.path.isdir(d) else None for d in {unused!r}}}
+    """)
+    test = "\n\ndef check(candidate):\n    seen = candidate(1)\n    assert all(not entries for entries in seen.values()), seen\n"
+    result = check_solution(build_check(dict(PROBLEM, test=test), completion), LIMITS)
+    assert result.passed, result.reason
