@@ -38,4 +38,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from experiments.command_line import exit_on_error
+
+    exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
     main()

@@ -205,8 +205,9 @@ def structured(cfg: Any) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(typed))
     if missing:
         group = missing[0].split(".")[0]
-        raise not_allowed(missing[0], MISSING_VALUE, f"a value: every key has its value in the YAML of its group "
-                          f"(conf/{group}/) or on the command line ({missing[0]}=...)")
+        where = f"the YAML of its group (conf/{group}/)" if (registry.CONF / group).is_dir() else "conf/config.yaml"
+        raise not_allowed(missing[0], MISSING_VALUE, f"a value: every key has its value in {where} or on the command "
+                          f"line ({missing[0]}=...)")
     return typed
 
 

@@ -20,6 +20,7 @@ from hydra._internal.utils import create_config_search_path
 from hydra.types import RunMode
 
 from analysis.cli import _parser as analysis_parser
+from experiments import command_line
 from experiments.config import validate_config
 from experiments.run_id import register_run_id_resolver
 from tests.conftest import REPO, sweep_jobs
@@ -114,6 +115,7 @@ def test_run_command_expands_and_composes(source, command, tmp_path, monkeypatch
     register_run_id_resolver()
     args = shlex.split(command)[2:]
     monkeypatch.chdir(tmp_path)
+    command_line.check(args)  # what run.py checks before Hydra acts
     for arg in args:
         if arg.startswith("reuse_training_from="):
             for root in arg.split("=", 1)[1].strip("[]").split(","):

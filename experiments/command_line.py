@@ -1,0 +1,204 @@
+"""`python run.py`'s overrides checked before Hydra acts on them: a bad one is one line and exit code 2.
+
+Hydra reports a config-group option that does not exist, a key the config does not have and an
+override it cannot parse with a multi-line block (the search path, hint lines) and exit code 1, and
+a sweep over such a value starts the launcher first. The suite's contract for a config the user got
+wrong is one line naming the key, the value and what is allowed, and exit code 2
+(`exit_codes.BAD_CONFIG`), before anything runs. The check composes with Hydra's own config loader
+on the same search path as `run.py` (`conf/`, plus `--config-dir`), so what passes here composes
+the same way in Hydra; only the error is reworded. A sweep (`-m`, or a preset's
+`hydra.sweeper.params`) is expanded as Hydra's basic sweeper expands it: its first job is composed,
+and the values of each swept config group are checked against the group's files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments.validation import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+#: Options listed in full up to this many; beyond, a count and the closest names.
+MAX_LISTED = 30
+
+
+class CommandLineError(ConfigError):
+    """An override of the command line that Hydra would refuse, in one line."""
+
+
+def _loader(config_dir: str | None):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_automatic_config_search_path(str(REPO / "run.py"), None, "conf")
+    if config_dir is not None:
+        path = os.path.abspath(config_dir)
+        if not os.path.isdir(path):
+            raise CommandLineError(f"--config-dir={config_dir} is not allowed: no such directory ({path})")
+        search_path.prepend(provider="command-line", path=f"file://{path}", anchor=SearchPathQuery(provider="schema"))
+    return ConfigLoaderImpl(config_search_path=search_path)
+
+
+def _override_for(key: str, overrides: Sequence[str]) -> str:
+    """The command-line override that sets `key` (with its prefix, +, ++ or ~), else `key`."""
+    for text in overrides:
+        name = text.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
+        if name == key:
+            return text
+    return key
+
+
+def _options_line(value: str, options: Sequence[str], what: str) -> str:
+    close = difflib.get_close_matches(value, list(options), n=3, cutoff=0.6)
+    if len(options) <= MAX_LISTED:
+        return f"one of {', '.join(options)}" + (f" (did you mean {close[0]}?)" if close else "")
+    if close:
+        return f"did you mean {' or '.join(close)}? ({len(options)} {what})"
+    return f"one of the {len(options)} {what}"
+
+
+def _reworded(exc: Exception, overrides: Sequence[str], loader, config_name: str) -> str:
+    """One line for a composition error of Hydra's."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    text = "\n".join(str(e).strip() for e in (exc, exc.__cause__) if e is not None)
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, OverrideParseException):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        for override in overrides:
+            try:
+                parser.parse_overrides([override])
+            except OverrideParseException as one:
+                return f"{override} is not allowed: not an override Hydra can parse ({str(one).splitlines()[0]})"
+        return f"the command line is not allowed: {first}"
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
+        group, _, value = exc.missing_cfg_file.rpartition("/")
+        override = _override_for(group, overrides)
+        return f"{override} is not allowed: {_options_line(value, sorted(exc.options), f'options in conf/{group}/')}"
+    if first.startswith("Could not append to config. An item is already at '"):
+        key = first.split("'")[1]
+        override = _override_for(key, overrides)
+        value = override.split("=", 1)[1] if "=" in override else ""
+        return f"{override} is not allowed: {key} exists already; set it with {key}={value}"
+    if first.startswith("Could not override '"):
+        key = first.split("'")[1]
+        override = _override_for(key, overrides)
+        value = override.split("=", 1)[1] if "=" in override else ""
+        if "No match in the defaults list" in text:
+            return f"{override} is not allowed: {key} is not in the defaults list; add it with +{key}={value}"
+        if "is not in struct" in text:
+            parent, _, leaf = key.rpartition(".")
+            keys = _keys_at(loader, config_name, parent)
+            if keys is not None:
+                where = parent or "the config"
+                return f"{override} is not allowed: {where} has no key {leaf}: {_options_line(leaf, keys, f'keys of {where}')}"
+        return f"{override} is not allowed: {first}"
+    if first.startswith("Could not delete"):
+        key = first.split("'")[1] if "'" in first else first
+        return f"{_override_for(key, overrides)} is not allowed: {first}"
+    return f"the command line is not allowed: {first}"
+
+
+def _keys_at(loader, config_name: str, dotted: str) -> list[str] | None:
+    """The keys of the default config's node at `dotted` ('' = the root), or None where it is not a mapping."""
+    from hydra.types import RunMode
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        cfg = loader.load_configuration(config_name, [], RunMode.RUN)
+    except Exception:  # noqa: BLE001 - only the hint is lost
+        return None
+    node = OmegaConf.select(cfg, dotted) if dotted else cfg
+    if not isinstance(node, DictConfig):
+        return None
+    return sorted(str(k) for k in node if k != "hydra")
+
+
+def _compose(loader, config_name: str, overrides: list[str], mode) -> None:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        loader.load_configuration(config_name, overrides, mode)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise CommandLineError(_reworded(exc, overrides, loader, config_name)) from None
+
+
+def check(argv: Sequence[str]) -> None:
+    """Raise CommandLineError (one line) when Hydra would refuse the overrides of `run.py ARGV`."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if args.help or args.hydra_help or args.shell_completion:
+        return
+    config_name = args.config_name or "config"
+    overrides = list(args.overrides)
+    loader = _loader(args.config_dir)
+    if not args.multirun:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import OverrideParseException
+
+        try:
+            parsed = OverridesParser.create().parse_overrides(overrides)
+        except OverrideParseException as exc:
+            raise CommandLineError(_reworded(exc, overrides, loader, config_name)) from None
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            raise CommandLineError(f"{sweeps[0]} is not allowed: a list of values sweeps; add -m (--multirun)")
+        _compose(loader, config_name, overrides, RunMode.RUN)
+        return
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    _compose(loader, config_name, overrides, RunMode.MULTIRUN)
+    cfg = loader.load_configuration(config_name, overrides, RunMode.MULTIRUN)
+    params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
+    try:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *overrides])
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except (HydraException, OverrideParseException, ValueError) as exc:
+        raise CommandLineError(_reworded(exc, [*params, *overrides], loader, config_name)) from None
+    if not jobs:
+        return
+    first = list(jobs[0])
+    _compose(loader, config_name, first, RunMode.RUN)
+    # The other jobs differ from the first in their values: a swept config group's options must exist (a plain
+    # value's key exists, as the first job composed; its value is validated with the rest of the run's config).
+    for i, override in enumerate(first):
+        key = override.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
+        options = _group_options(loader, key)
+        if not options:
+            continue
+        for value in sorted({job[i] for job in jobs if len(job) == len(first)} - {override}):
+            name = value.split("=", 1)[1] if "=" in value else value
+            if name not in options:
+                raise CommandLineError(f"{value} is not allowed: {_options_line(name, options, f'options in conf/{key}/')}")
+
+
+def _group_options(loader, key: str) -> list[str]:
+    """The options of config group `key` (empty when `key` is not a group)."""
+    try:
+        return sorted(loader.get_group_options(key))
+    except Exception:  # noqa: BLE001 - not a group
+        return []
+
+
+def exit_on_error(argv: Sequence[str]) -> None:
+    """:func:`check`, printing `error: ...` and exiting with code 2 on a bad override."""
+    from experiments import exit_codes
+
+    try:
+        check(argv)
+    except CommandLineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exit_codes.BAD_CONFIG)
