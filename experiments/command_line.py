@@ -140,6 +140,10 @@ def check(argv: Sequence[str]) -> None:
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.help or args.hydra_help or args.shell_completion:
         return
+    commands = [name for name, on in (("--run", args.run), ("--multirun", args.multirun), ("--cfg", args.cfg is not None),
+                                      ("--info", args.info is not None)) if on]
+    if len(commands) > 1:
+        raise CommandLineError(f"{' with '.join(commands)} is not allowed: one of --run, --multirun (-m), --cfg, --info")
     config_name = args.config_name or "config"
     overrides = list(args.overrides)
     loader = _loader(args.config_dir)

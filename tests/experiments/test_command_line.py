@@ -26,6 +26,7 @@ REFUSED = {
                                                         "set it with train.steps=4")),
     "a sweep over an unknown method": (["-m", "method=nosuch,lora"], "method=nosuch is not allowed: one of atlas,"),
     "a sweep over an unknown key": (["-m", "train.stepz=1,2"], "train.stepz=1 is not allowed: train has no key stepz"),
+    "two commands": (["-m", "--cfg", "job", "seed=0,1"], "--multirun with --cfg is not allowed: one of --run,"),
     "a missing extra config dir": (["--config-dir", "/nonexistent/conf"], "--config-dir=/nonexistent/conf is not allowed"),
 }
 
