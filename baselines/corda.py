@@ -40,7 +40,7 @@ from peft.tuners.lora.config import CordaConfig
 from peft.tuners.lora.corda import preprocess_corda
 
 from baselines.common import lora_layers
-from baselines.lora import LoRA, LoRAParams
+from baselines.lora import LoRA, LoRAParams, save_peft
 from experiments.calibration import calibration_pairs, seeded_subset
 from experiments.methods import RunContext, is_int, require
 from experiments.progress import progress_bar
@@ -116,7 +116,7 @@ class CorDA(LoRA):
         # The initial adapter, for peft's conversion of the trained adapter into a plain LoRA at export.
         self.init_dir = run_dir / INIT_DIR
         shutil.rmtree(self.init_dir, ignore_errors=True)
-        model.save_pretrained(str(self.init_dir))
+        save_peft(model, self.init_dir)
         return model
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
@@ -125,7 +125,7 @@ class CorDA(LoRA):
             raise RuntimeError("corda: export before prepare")
         if self.alpha_now != 1.0:
             raise RuntimeError(f"corda: export at scale {self.alpha_now}; call scale(model, 1.0) first")
-        model.save_pretrained(str(out_dir), path_initial_model_for_weight_conversion=str(self.init_dir))
+        save_peft(model, out_dir, path_initial_model_for_weight_conversion=str(self.init_dir))
         return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from experiments import prompts as P
 from experiments.disk_cache import (
@@ -60,6 +60,7 @@ from experiments.evaluation.retained_kl import (
     cache_logprobs,
 )
 from experiments.evaluation.scoring import score_choices
+from experiments.tensor_files import save_tensors
 
 CACHE_FORMAT_VERSION = 2  # 2: log-prob storage chosen per split (1: over both splits together)
 SPLITS = ("calibration", "evaluation")
@@ -346,7 +347,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
                                        batch_size=cfg.scoring_batch_size, progress=progress)
                 ref.choice_loglik, ref.choice, ref.choice_norm = scores.loglik, scores.choice, scores.choice_norm
             tensor_file = f"logprobs-{number:03d}.safetensors"
-            save_file(cached.tensors(), str(tmp / tensor_file))
+            save_tensors(tmp / tensor_file, cached.tensors())
             manifest_domains.setdefault(name, {"kind": s["kind"], "splits": {}})["splits"][split] = {
                 "tensors": tensor_file, **ref.metadata(),
             }
@@ -384,7 +385,7 @@ def _load(path: Path, key: str, benchmark: Any, cfg: EvalConfig, *, hit: bool, l
         refs = {}
         for split in SPLITS:
             meta = entry["splits"][split]
-            tensors = load_file(str(path / meta["tensors"]))
+            tensors = load_file(str(path / meta["tensors"]))  # its checksum was verified (`usable`)
             n_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
             refs[split] = SplitReference(
                 items=retained_items(getattr(dom, split), cfg),
