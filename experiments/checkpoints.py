@@ -21,6 +21,7 @@ import torch
 
 from experiments.disk_cache import file_sha256
 from experiments.records import atomic_write
+from experiments.tensor_files import error_summary
 
 log = logging.getLogger("suite.train")
 
@@ -137,7 +138,7 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, UnpicklingError, ... for a damaged file
-        raise BrokenCheckpoint(path, f"cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+        raise BrokenCheckpoint(path, f"cannot be read ({error_summary(exc)})") from exc
     missing = [f for f in STATE_FIELDS if not isinstance(state, dict) or f not in state]
     if missing:
         raise BrokenCheckpoint(path, f"lacks {', '.join(missing)}")

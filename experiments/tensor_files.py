@@ -37,6 +37,12 @@ class DamagedFile(ValueError):
         self.path, self.what = Path(path), what
 
 
+def error_summary(exc: BaseException) -> str:
+    """`<type>: <first sentence of the message>`, short enough for one log line."""
+    first = (str(exc).splitlines() or [""])[0].split(". ")[0][:160]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def _digest_of_metadata(metadata: dict[str, str]) -> Any:
     return hashlib.sha256(json.dumps(metadata, sort_keys=True).encode())
 
@@ -80,7 +86,7 @@ def _read(path: Path, keep: bool) -> tuple[dict[str, torch.Tensor], dict[str, st
                 if keep:
                     tensors[name] = t
     except (OSError, SafetensorError) as exc:
-        raise DamagedFile(path, f"cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})") from exc
+        raise DamagedFile(path, f"cannot be read ({error_summary(exc)})") from exc
     if expected is not None and expected != h.hexdigest():
         raise DamagedFile(path, "does not match its digest (truncated or altered)")
     return tensors, metadata
