@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -110,6 +111,14 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
         if not orphan.with_name(orphan.name[: -len(CHECKSUM_SUFFIX)]).exists():
             orphan.unlink(missing_ok=True)
     return final
+
+
+def move_sealed(tmp: Path, final: Path) -> None:
+    """Rename the complete file `tmp` to `final`, the checksum file of its bytes written first (as a checkpoint's is):
+    for a run file a library writes itself (CorDA's decomposition)."""
+    line = f"{file_sha256(tmp)}  {Path(final).name}\n".encode()
+    atomic_write(checksum_path(final), lambda out: out.write(line))
+    os.replace(tmp, final)
 
 
 def checksum_problem(path: Path) -> Optional[str]:

@@ -105,8 +105,9 @@ def adopt(donor: Donor, run_dir: Path, run_files: Sequence[str]) -> dict:
     origin = donor.origin()
     records.atomic_write_json(run_dir / REUSED_FILE, origin)
     for name in run_files:
-        if (donor.run_dir / name).is_file():
-            _copy(donor.run_dir / name, run_dir / name)
+        for file in (checksum_path(donor.run_dir / name), donor.run_dir / name):  # a checksum file first, if any
+            if file.is_file():
+                _copy(file, run_dir / file.relative_to(donor.run_dir))
     own = run_dir / donor.checkpoint.relative_to(donor.run_dir)
     if checksum_path(donor.checkpoint).is_file():
         _copy(checksum_path(donor.checkpoint), checksum_path(own))

@@ -12,7 +12,15 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments import records, reuse
-from experiments.checkpoints import STATE_FIELDS, checkpoint_path, checkpoint_problem, checksum_path, save_checkpoint
+from experiments.checkpoints import (
+    STATE_FIELDS,
+    checkpoint_path,
+    checkpoint_problem,
+    checksum_path,
+    checksum_problem,
+    move_sealed,
+    save_checkpoint,
+)
 from experiments.config import train_config, validate_config
 from experiments.train import train
 from experiments.validation import ConfigError
@@ -126,7 +134,11 @@ def test_a_run_without_its_last_checkpoint_or_made_for_another_training_is_no_do
     assert [r.getMessage() for r in caplog.records] == [
         f"{broken.parents[1]} trains the same model but its checkpoint step_00000600.pt is broken: does not match its "
         "checksum (truncated or altered); not reused"]
-    reuse.adopt(donor, own, [])
+    stats = donor.run_dir / ".corda_eigens.pt.tmp"
+    stats.write_bytes(b"eigens")
+    move_sealed(stats, donor.run_dir / "corda_eigens.pt")
+    reuse.adopt(donor, own, ["corda_eigens.pt"])
     assert checkpoint_problem(checkpoint_path(own, 600)) is None and checksum_path(checkpoint_path(own, 600)).is_file()
+    assert checksum_problem(own / "corda_eigens.pt") is None and checksum_path(own / "corda_eigens.pt").is_file()
     assert reuse.find_donor([tmp_path / "root"], training, 300, own) is None  # trained for another number of steps
     assert reuse.find_donor([tmp_path / "root"], training, 600, tmp_path / "root" / "c-donor") is None  # not itself
