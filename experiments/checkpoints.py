@@ -3,10 +3,11 @@
 `checkpoints/step_<step, 8 digits>.pt` is a `torch.save` of the loop's state; beside it
 `step_<...>.pt.sha256` holds the sha256 of its bytes in `sha256sum` format (`sha256sum -c` checks it), written
 before the checkpoint gets its final name, so a checkpoint under that name always has it. A checkpoint is intact
-when its bytes match that checksum (one written before checksums existed: when it loads) and it loads into the
-loop's state. A broken one (truncated, emptied, altered, not a file, without the state's fields) is never resumed:
-it is moved with its checksum into `checkpoints/broken/` under a name with the time, and the run resumes from the
-newest intact one, or from scratch when there is none.
+when its bytes match that checksum and it loads into the loop's state; one written before checksums existed (its
+state lacks the `checksummed` mark) when it loads. A broken one (truncated, emptied, altered, without its checksum
+file, not a file, without the state's fields) is never resumed: it is moved with its checksum into
+`checkpoints/broken/` under a name with the time, and the run resumes from the newest intact one, or from scratch
+when there is none.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ CHECKSUM_SUFFIX = ".sha256"
 #: What the training loop's state holds (`experiments.train.train`'s snapshot).
 STATE_FIELDS = ("step", "method", "optimizer", "scheduler", "stream", "rng", "losses", "tokens_seen",
                 "train_seconds")
+#: Set in every checkpoint written with a checksum file: one that has lost that file is not taken for an older one.
+CHECKSUMMED = "checksummed"
 
 
 class BrokenCheckpoint(Exception):
@@ -95,7 +98,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
     def write(fh) -> None:
         sink = _Sink(fh)
         try:
-            torch.save(state, sink)
+            torch.save({**state, CHECKSUMMED: True}, sink)
         except RuntimeError as exc:
             if sink.error is not None:  # torch reports a failed write (a full disk) as a bare RuntimeError
                 raise sink.error from exc
@@ -151,6 +154,8 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     missing = [f for f in STATE_FIELDS if not isinstance(state, dict) or f not in state]
     if missing:
         raise BrokenCheckpoint(path, f"lacks {', '.join(missing)}")
+    if state.get(CHECKSUMMED) and not checksum_path(path).exists():
+        raise BrokenCheckpoint(path, "its checksum file is missing")
     if state["step"] != step_of(path):
         raise BrokenCheckpoint(path, f"holds step {state['step']}")
     return state

@@ -66,3 +66,13 @@ def test_a_checkpoint_written_before_checksums_is_resumed_when_it_loads(tmp_path
     assert len(caplog.records) == 1 and f"checkpoint {newer} is broken: cannot be read (" in caplog.text
     assert C.resume(tmp_path)[1]["step"] == 1
     assert [p.name.split("-")[0] for p in (older.parent / C.BROKEN_DIR).iterdir()] == ["step_00000002"]
+
+
+def test_a_checkpoint_that_lost_its_checksum_file_is_not_taken_for_an_older_one(tmp_path, caplog):
+    C.save_checkpoint(tmp_path, 1, state(1), keep=2)
+    C.save_checkpoint(tmp_path, 2, state(2), keep=2)
+    C.checksum_path(C.checkpoint_path(tmp_path, 2)).unlink()
+    with caplog.at_level("WARNING", logger="suite.train"):
+        assert C.resume(tmp_path)[0].name == "step_00000001.pt"
+    broken = C.checkpoint_path(tmp_path, 2)
+    assert f"checkpoint {broken} is broken: its checksum file is missing; moved to" in caplog.text
