@@ -52,7 +52,7 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
     """The checkpoints of a run under their final names, oldest first (half-written ones never carry the final
-    name; broken ones may: see `intact_checkpoints`)."""
+    name; broken ones may: see `newest_intact`)."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
 
@@ -135,9 +135,22 @@ def checksum_problem(path: Path) -> Optional[str]:
         return None
     except (OSError, ValueError, IndexError) as exc:
         return f"its checksum file cannot be read ({type(exc).__name__})"
-    if file_sha256(path) != expected:
-        return "does not match its checksum (truncated or altered)"
+    key = _identity(path)
+    if _VERIFIED.get(key) != expected:
+        if file_sha256(path) != expected:
+            return "does not match its checksum (truncated or altered)"
+        _VERIFIED[key] = expected
     return None
+
+
+#: Files whose bytes were found to match their checksum in this process, by `_identity`: a run start checks the
+#: newest checkpoint before loading it, which would otherwise read a large checkpoint twice.
+_VERIFIED: dict[tuple, str] = {}
+
+
+def _identity(path: Path) -> tuple:
+    st = path.stat()
+    return str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict:
@@ -149,6 +162,8 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
         raise BrokenCheckpoint(path, problem)
     try:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except MemoryError:  # the file may well be intact
+        raise
     except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, UnpicklingError, ... for a damaged file
         raise BrokenCheckpoint(path, f"cannot be read ({error_summary(exc)})") from exc
     missing = [f for f in STATE_FIELDS if not isinstance(state, dict) or f not in state]
@@ -189,16 +204,15 @@ def checkpoint_problem(path: Path) -> Optional[str]:
     return None
 
 
-def intact_checkpoints(run_dir: Path) -> list[Path]:
-    """`checkpoint_paths`, after moving aside (`set_aside`) those that are not intact (`checkpoint_problem`)."""
-    out = []
-    for path in checkpoint_paths(run_dir):
+def newest_intact(run_dir: Path) -> Optional[Path]:
+    """The newest intact checkpoint of a run (`checkpoint_problem`), the broken ones newer than it moved aside
+    (`set_aside`); None when there is none."""
+    for path in reversed(checkpoint_paths(run_dir)):
         problem = checkpoint_problem(path)
-        if problem:
-            set_aside(BrokenCheckpoint(path, problem))
-        else:
-            out.append(path)
-    return out
+        if not problem:
+            return path
+        set_aside(BrokenCheckpoint(path, problem))
+    return None
 
 
 def resume(run_dir: Path) -> Optional[tuple[Path, dict]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from experiments import records, rerun
-from experiments.checkpoints import checkpoint_path, checkpoint_problem, checksum_path, intact_checkpoints
+from experiments.checkpoints import checkpoint_path, checkpoint_problem, checksum_path, newest_intact
 from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
@@ -130,7 +130,7 @@ def reuse_training(roots: Sequence[Path], training_id: str, steps: int, run_dir:
     A folder with checkpoints of its own resumes them (an earlier attempt of this run, itself perhaps a reuse: then
     `REUSED_FILE` says so). Otherwise a donor from `roots` is adopted when there is one."""
     run_dir = Path(run_dir)
-    if intact_checkpoints(run_dir):  # broken ones are moved aside: a folder left with none may adopt a donor
+    if newest_intact(run_dir):  # broken ones are moved aside: a folder left with none may adopt a donor
         return reused_training(run_dir)
     (run_dir / REUSED_FILE).unlink(missing_ok=True)  # an attempt killed before its checkpoint was copied
     if not roots or steps <= 0:

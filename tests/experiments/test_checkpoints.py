@@ -62,7 +62,7 @@ def test_a_checkpoint_written_before_checksums_is_resumed_when_it_loads(tmp_path
     newer.write_bytes(newer.read_bytes()[:100])
     assert C.checkpoint_problem(older) is None and C.checkpoint_problem(newer).startswith("cannot be read (")
     with caplog.at_level("WARNING", logger="suite.train"):
-        assert C.intact_checkpoints(tmp_path) == [older]
+        assert C.newest_intact(tmp_path) == older
     assert len(caplog.records) == 1 and f"checkpoint {newer} is broken: cannot be read (" in caplog.text
     assert C.resume(tmp_path)[1]["step"] == 1
     assert [p.name.split("-")[0] for p in (older.parent / C.BROKEN_DIR).iterdir()] == ["step_00000002"]
@@ -76,3 +76,17 @@ def test_a_checkpoint_that_lost_its_checksum_file_is_not_taken_for_an_older_one(
         assert C.resume(tmp_path)[0].name == "step_00000001.pt"
     broken = C.checkpoint_path(tmp_path, 2)
     assert f"checkpoint {broken} is broken: its checksum file is missing; moved to" in caplog.text
+
+
+def test_a_run_start_reads_the_newest_checkpoint_s_bytes_once_to_verify_them(tmp_path, monkeypatch):
+    """`newest_intact` (before anything loads) and `resume` (the training loop) check the same file: a large checkpoint
+    is hashed once, unless it changed in between."""
+    C.save_checkpoint(tmp_path, 1, state(1), keep=2)
+    hashed = []
+    real = C.file_sha256
+    monkeypatch.setattr(C, "file_sha256", lambda path: hashed.append(path) or real(path))
+    assert C.newest_intact(tmp_path) == C.resume(tmp_path)[0] == C.checkpoint_path(tmp_path, 1)
+    assert hashed == [C.checkpoint_path(tmp_path, 1)]
+    C.save_checkpoint(tmp_path, 1, state(1), keep=2)  # written again: another file
+    C.resume(tmp_path)
+    assert len(hashed) == 2
