@@ -90,3 +90,16 @@ def test_a_run_start_reads_the_newest_checkpoint_s_bytes_once_to_verify_them(tmp
     C.save_checkpoint(tmp_path, 1, state(1), keep=2)  # written again: another file
     C.resume(tmp_path)
     assert len(hashed) == 2
+
+
+def test_a_load_that_runs_out_of_memory_does_not_set_the_checkpoint_aside(tmp_path, monkeypatch):
+    C.save_checkpoint(tmp_path, 1, state(1), keep=2)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(C.torch, "load", no_memory)
+    with pytest.raises(MemoryError):
+        C.resume(tmp_path)
+    assert C.checkpoint_paths(tmp_path) == [C.checkpoint_path(tmp_path, 1)]
+    assert not (tmp_path / C.CHECKPOINT_DIR / C.BROKEN_DIR).exists()
