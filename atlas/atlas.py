@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from sklearn.linear_model import LogisticRegression
 
 from atlas.kmeans import WeightedCenters, kmeans, nearest_centers, pairwise_sq_dists
 from experiments.activations import second_moment_basis
+from experiments.tensor_files import load_tensors, save_tensors
 
 EPS = 1e-12
 GATE_SIGNALS = ("distance", "subspace")
@@ -271,7 +270,8 @@ def cast(site: SiteAtlas, dtype: torch.dtype) -> SiteAtlas:
 
 def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
     """Write every site's tensors to one safetensors file (filters packed to their true ranks: the columns of U_k,
-    or with a shared basis V once and each cluster's coordinates W_k); return bytes."""
+    or with a shared basis V once and each cluster's coordinates W_k) with their digest
+    (`experiments.tensor_files`); return bytes."""
     tensors = {}
     for name, s in atlas.items():
         tensors[f"{name}/centers"] = s.centers.contiguous()
@@ -288,20 +288,15 @@ def save_atlas(atlas: dict[str, SiteAtlas], path: Path, meta: dict) -> int:
                     tensors[f"{name}/filter.{j}"] = s.filters[j, :, :r].contiguous()
                 else:
                     tensors[f"{name}/coefs.{j}"] = s.coefs[j, :, :r].contiguous()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"atlas": json.dumps(meta)})
-    tmp.replace(path)
-    return path.stat().st_size
+    return save_tensors(path, tensors, {"atlas": json.dumps(meta)})
 
 
 def load_atlas(path: Path) -> tuple[dict[str, SiteAtlas], dict]:
-    """Inverse of `save_atlas`: (site name -> SiteAtlas, metadata)."""
-    with safe_open(str(path), framework="pt") as fh:
-        meta = json.loads(fh.metadata()["atlas"])
-        keys = list(fh.keys())
-        raw = {k: fh.get_tensor(k) for k in keys}
+    """Inverse of `save_atlas`: (site name -> SiteAtlas, metadata). Raises `DamagedFile` (experiments.tensor_files)
+    for a file that is truncated or altered."""
+    raw, metadata = load_tensors(path)
+    meta = json.loads(metadata["atlas"])
+    keys = list(raw)
     sites = sorted({k.rsplit("/", 1)[0] for k in keys})
     out = {}
     for name in sites:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from atlas.atlas import (
     FILTER_MEMBERS,
@@ -27,6 +25,7 @@ from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
 from experiments.methods import AdapterParams, Method, RunContext, SiteStatisticsParams, is_int, require
 from experiments.progress import progress_bar
+from experiments.tensor_files import DamagedFile, load_tensors, save_tensors
 
 log = logging.getLogger("suite.atlas")
 
@@ -187,8 +186,9 @@ class ATLAS(Method):
             p.requires_grad_(False)
         cached = Path(ctx.run_dir) / ATLAS_FILE
         with self.timed("atlas_build_seconds"):
-            if cached.exists():  # a resumed run reuses the atlas it built, bit for bit
-                self.atlas, meta = load_atlas(cached)
+            loaded = self.load_run_atlas(cached)
+            if loaded:  # a resumed run reuses the atlas it built, bit for bit
+                self.atlas, meta = loaded
                 self.sites = [Site(n, m, 0) for n, m in meta["sites"].items()]
                 log.info("loaded %d site atlases from %s", len(self.atlas), cached)
             else:
@@ -198,6 +198,18 @@ class ATLAS(Method):
                 save_atlas(self.atlas, cached, self.atlas_meta())
         self.inject(model)
         return model
+
+    @staticmethod
+    def load_run_atlas(path: Path) -> Optional[tuple[dict[str, SiteAtlas], dict]]:
+        """The atlas an earlier attempt of the run saved at `path`; None when there is none or it is damaged (said in
+        one warning line; the caller builds it again)."""
+        if not path.exists():
+            return None
+        try:
+            return load_atlas(path)
+        except DamagedFile as exc:
+            log.warning("%s; building it again", exc)
+            return None
 
     def inject(self, model: torch.nn.Module) -> None:
         """Replace every adapted Linear by an AtlasLinear sharing its site's AtlasSite."""
@@ -219,9 +231,8 @@ class ATLAS(Method):
         out_dir.mkdir(parents=True, exist_ok=True)
         atlas_bytes = save_atlas(self.atlas, out_dir / ATLAS_FILE, self.atlas_meta())
         state = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-        save_file(state, str(out_dir / ADAPTER_FILE))
+        adapter_bytes = save_tensors(out_dir / ADAPTER_FILE, state)
         self.write_params(out_dir)
-        adapter_bytes = os.path.getsize(out_dir / ADAPTER_FILE)
         self._costs.update(atlas_bytes=atlas_bytes, adapter_bytes=adapter_bytes)
         return atlas_bytes + adapter_bytes
 
@@ -241,7 +252,7 @@ class ATLAS(Method):
         for p in model.parameters():
             p.requires_grad_(False)
         method.inject(model)
-        state = load_file(str(export_dir / ADAPTER_FILE))
+        state, _ = load_tensors(export_dir / ADAPTER_FILE)
         method.load_state_dict(model, state)
         return method
 

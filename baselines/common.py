@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 from peft.tuners.lora import LoraLayer
 
-from baselines.lora import LoRA
+from baselines.lora import LoRA, save_peft
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import calibration_pairs, pair_example
 from experiments.methods import RunContext, SiteStatisticsParams
@@ -147,7 +147,7 @@ class ResidualLoRA(LoRA):
         if save_adapter:
             self.init_dir = Path(run_dir) / self.init_dir_name
             shutil.rmtree(self.init_dir, ignore_errors=True)
-            model.save_pretrained(str(self.init_dir))
+            save_peft(model, self.init_dir)
 
     def check_exportable(self) -> None:
         if not self.init_factors:
@@ -164,7 +164,7 @@ class ResidualLoRA(LoRA):
         with warnings.catch_warnings():
             # peft warns that a base-rewriting adapter meets a second one: the initial adapter it loads to convert.
             warnings.filterwarnings("ignore", message=".*changes the base weights of the model.*")
-            model.save_pretrained(str(out_dir), path_initial_model_for_weight_conversion=str(self.init_dir))
+            save_peft(model, out_dir, path_initial_model_for_weight_conversion=str(self.init_dir))
         return adapter_bytes(out_dir)
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:

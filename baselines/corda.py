@@ -21,12 +21,14 @@ difference from the current alpha, never recomputed from a stored W0.
 Export: peft's conversion (`save_pretrained(..., path_initial_model_for_weight_conversion=...)`)
 writes D as a plain rank-2r LoRA adapter ([B | B0], [A ; -A0], alpha doubled) that loads onto the
 unmodified base with `PeftModel.from_pretrained`. The eigen-decomposition is cached in the run
-folder (peft's `cache_file`), so a resumed run rebuilds exactly the same W_res, B0 and A0.
+folder (peft's `cache_file`, with its sha256 beside it: a damaged one is built again), so a resumed run rebuilds
+exactly the same W_res, B0 and A0.
 Knobs: rank, and the training steps (`train.steps`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -40,10 +42,14 @@ from peft.tuners.lora.config import CordaConfig
 from peft.tuners.lora.corda import preprocess_corda
 
 from baselines.common import lora_layers
-from baselines.lora import LoRA, LoRAParams
+from baselines.lora import LoRA, LoRAParams, save_peft
 from experiments.calibration import calibration_pairs, seeded_subset
+from experiments.checkpoints import checksum_path, checksum_problem, move_sealed
 from experiments.methods import RunContext, is_int, require
 from experiments.progress import progress_bar
+from experiments.tensor_files import error_summary
+
+log = logging.getLogger("suite.train")
 
 CACHE_FILE = "corda_eigens.pt"
 INIT_DIR = "corda_init"
@@ -63,6 +69,25 @@ class CorDAParams(LoRAParams):
         require("max_sequences", self.max_sequences,
                 self.max_sequences is None or (is_int(self.max_sequences) and self.max_sequences > 0),
                 "null (all calibration prompts) or an integer > 0")
+
+
+def intact_cache(path: Path) -> bool:
+    """Whether the decomposition an earlier attempt saved at `path` can be reused: it matches its checksum file (one
+    written before those existed: it loads). A damaged one is said in one warning line and removed."""
+    problem = checksum_problem(path)
+    if problem is None and not checksum_path(path).exists():
+        try:
+            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, ... for a damaged file
+            problem = f"cannot be read ({error_summary(exc)})"
+    if problem:
+        log.warning("%s is damaged: %s; building it again", path, problem)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        checksum_path(path).unlink(missing_ok=True)
+    return problem is None
 
 
 class CorDA(LoRA):
@@ -92,7 +117,7 @@ class CorDA(LoRA):
         run_dir = Path(ctx.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         cache_file = run_dir / CACHE_FILE
-        reused = cache_file.is_file() and cache_file.stat().st_size > 0
+        reused = cache_file.exists() and intact_cache(cache_file)
         # peft writes its cache with a plain torch.save: build into a temporary name, then rename.
         build_file = cache_file if reused else run_dir / f".{CACHE_FILE}.tmp-{os.getpid()}"
         config = self.lora_config(targets, corda_config=CordaConfig(corda_method="kpm", cache_file=str(build_file),
@@ -106,7 +131,7 @@ class CorDA(LoRA):
         t0 = time.perf_counter()
         preprocess_corda(model, config, run_model=None if reused else run_model)
         if not reused:
-            os.replace(build_file, cache_file)
+            move_sealed(build_file, cache_file)
             config.corda_config.cache_file = str(cache_file)
         self._costs.update(covariance_build_seconds=time.perf_counter() - t0, eigens_reused=reused)
         model = get_peft_model(model, config)
@@ -116,7 +141,7 @@ class CorDA(LoRA):
         # The initial adapter, for peft's conversion of the trained adapter into a plain LoRA at export.
         self.init_dir = run_dir / INIT_DIR
         shutil.rmtree(self.init_dir, ignore_errors=True)
-        model.save_pretrained(str(self.init_dir))
+        save_peft(model, self.init_dir)
         return model
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
@@ -125,7 +150,7 @@ class CorDA(LoRA):
             raise RuntimeError("corda: export before prepare")
         if self.alpha_now != 1.0:
             raise RuntimeError(f"corda: export at scale {self.alpha_now}; call scale(model, 1.0) first")
-        model.save_pretrained(str(out_dir), path_initial_model_for_weight_conversion=str(self.init_dir))
+        save_peft(model, out_dir, path_initial_model_for_weight_conversion=str(self.init_dir))
         return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from baselines.common import lora_delta, lora_layers
 from baselines.lora import LoRA, LoRAParams
@@ -36,6 +35,7 @@ from experiments.activations import target_linears
 from experiments.calibration import CalibrationPair, calibration_pairs, seeded_subset
 from experiments.methods import RunContext, is_int, require
 from experiments.progress import progress_bar
+from experiments.tensor_files import load_tensors, save_tensors
 
 FISHER_FORMAT_VERSION = 1
 FISHER_FILE = "fisher.safetensors"
@@ -143,12 +143,12 @@ class EWC(LoRA):
         def build(folder: Path) -> dict:
             pairs = self.fisher_pairs(ctx)
             fisher = diagonal_fisher(model, modules, pairs, ctx.device, progress=ctx.progress)
-            save_file({n: f.cpu().contiguous() for n, f in fisher.items()}, str(folder / FISHER_FILE))
+            save_tensors(folder / FISHER_FILE, fisher)
             return {"n_sequences": len(pairs)}
 
         t0 = time.perf_counter()
         entry = disk_cache.get_or_build(path, key, build, components)
-        fisher = load_file(str(entry.path / FISHER_FILE))
+        fisher, _ = load_tensors(entry.path / FISHER_FILE)
         missing = sorted(set(modules) - set(fisher))
         if missing:
             raise RuntimeError(f"Fisher cache {entry.path} lacks modules {missing[:5]}")

@@ -19,16 +19,15 @@ them into a freshly loaded base.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from experiments.activations import target_linears
 from experiments.methods import AdapterParams, Method, RunContext
+from experiments.tensor_files import save_tensors, verify_tensors
 
 WEIGHTS_FILE = "adapted_weights.safetensors"
 EXPORT_FORMAT = "atlas-fullft-v1"
@@ -40,9 +39,9 @@ def load_fullft_export(model: torch.nn.Module, export_dir: Path) -> torch.nn.Mod
     if not path.is_file():
         raise FileNotFoundError(f"no full fine-tuning export at {path}")
     params = dict(model.named_parameters())
+    if verify_tensors(path).get("format") != EXPORT_FORMAT:  # a damaged file raises DamagedFile here
+        raise ValueError(f"{path} is not a full fine-tuning export ({EXPORT_FORMAT})")
     with safe_open(str(path), framework="pt") as fh:
-        if (fh.metadata() or {}).get("format") != EXPORT_FORMAT:
-            raise ValueError(f"{path} is not a full fine-tuning export ({EXPORT_FORMAT})")
         keys = list(fh.keys())
         missing = [k for k in keys if k not in params]
         if missing:
@@ -122,9 +121,8 @@ class FullFT(Method):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         state = {f"{n}.weight": m.weight.detach().contiguous().cpu() for n, m in self.adapted(model).items()}
-        path = out_dir / WEIGHTS_FILE
-        save_file(state, str(path), metadata={"format": EXPORT_FORMAT, "modules": json.dumps(sorted(self.w0))})
-        return os.path.getsize(path)
+        return save_tensors(out_dir / WEIGHTS_FILE, state,
+                            {"format": EXPORT_FORMAT, "modules": json.dumps(sorted(self.w0))})
 
     @classmethod
     def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:

@@ -16,6 +16,14 @@ from peft.tuners.lora import LoraLayer
 
 from baselines.fused_lora import FusedLoraLinear
 from experiments.methods import AdapterParams, Method, RunContext, is_int, require
+from experiments.tensor_files import library_writes
+
+
+def save_peft(model: torch.nn.Module, out_dir: Path, **kwargs) -> None:
+    """peft's `save_pretrained(out_dir, **kwargs)`, its safetensors files written as the suite's own are
+    (`experiments.tensor_files.library_writes`: the errno of a failed write, the user's umask)."""
+    with library_writes(Path(out_dir)):
+        model.save_pretrained(str(out_dir), **kwargs)
 
 
 @dataclass(kw_only=True)
@@ -57,7 +65,7 @@ class LoRA(Method):
 
     def export(self, model: torch.nn.Module, out_dir: Path) -> int:
         """Save the peft adapter (adapter_model.safetensors + adapter_config.json); return its bytes."""
-        model.save_pretrained(str(out_dir))
+        save_peft(model, out_dir)
         return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
 
     @classmethod

@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from baselines.common import ResidualLoRA, adapter_bytes, lora_layers, set_residual_init, site_inputs
-from baselines.lora import LoRAParams
+from baselines.lora import LoRAParams, save_peft
 from experiments.methods import RunContext, SiteStatisticsParams, is_int, require
 
 INIT_FILE = "loranull_init.safetensors"
@@ -142,7 +142,7 @@ class LoRANull(ResidualLoRA):
                 for name, layer in layers.items():
                     b = layer.lora_B["default"].weight
                     b.copy_(trained[name] - self.init_factors[name][0].to(b.device, b.dtype))
-            model.save_pretrained(str(out_dir))
+            save_peft(model, out_dir)
         finally:
             with torch.no_grad():
                 for name, layer in layers.items():

@@ -10,16 +10,18 @@ LoRA-Null, EWC) all read retained inputs through this module.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from experiments.progress import progress_bar
 from experiments.prompts import collate
+from experiments.tensor_files import DamagedFile, load_tensors, save_tensors
+
+log = logging.getLogger("suite.train")
 
 
 @dataclass
@@ -212,21 +214,19 @@ def load_or_build_site_tensors(
     path: Path, build: Callable[[], tuple[dict[str, torch.Tensor], dict[str, list[str]]]]
 ) -> tuple[dict[str, torch.Tensor], dict[str, list[str]], bool]:
     """Per-site tensors saved at `path` by an earlier call of this run (a resumed run reuses them bit for
-    bit), else built and saved. `build` returns (tensors keyed `<site>/<what>`, site -> module names).
+    bit), else built and saved; a damaged file (`experiments.tensor_files`) is said in one warning line and built
+    again. `build` returns (tensors keyed `<site>/<what>`, site -> module names).
 
     Returns (tensors, sites, loaded). One tensor per site, however many modules read it.
     """
 
     path = Path(path)
-    if path.is_file():
-        with safe_open(str(path), framework="pt") as fh:
-            sites = json.loads(fh.metadata()["sites"])
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-        return tensors, sites, True
+    if path.exists():
+        try:
+            tensors, metadata = load_tensors(path)
+            return tensors, json.loads(metadata["sites"]), True
+        except DamagedFile as exc:
+            log.warning("%s; building it again", exc)
     tensors, sites = build()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp),
-              metadata={"sites": json.dumps(sites)})
-    tmp.replace(path)
+    save_tensors(path, tensors, {"sites": json.dumps(sites)})
     return tensors, sites, False

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from experiments import records
+from experiments.checkpoints import checkpoint_paths, step_of
 from experiments.log import FILE_ONLY
-from experiments.train import Preempted, checkpoint_paths
+from experiments.train import Preempted
 from suite_schema import layout
 
 log = logging.getLogger("suite.run")
@@ -60,7 +61,7 @@ def interrupts_recorded() -> Iterator[None]:
 
 def _last_checkpoint_step(run_dir: Path):
     checkpoints = checkpoint_paths(run_dir)
-    return int(checkpoints[-1].stem.split("_")[1]) if checkpoints else None
+    return step_of(checkpoints[-1]) if checkpoints else None
 
 
 @contextmanager

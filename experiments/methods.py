@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,11 +30,11 @@ from typing import Any, Callable, ClassVar, Iterator, Optional
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
 
 from experiments import validation
 from experiments.activations import load_or_build_site_tensors
 from experiments.backbones import check_target_modules
+from experiments.tensor_files import load_tensors, save_tensors
 from experiments.validation import ConfigError, is_int  # noqa: F401  (is_int: part of the API of a method's Params)
 from suite_schema import registry
 
@@ -249,9 +248,7 @@ class Method:
         state = {n: t.contiguous() for n, t in self.state_dict(model).items()}
         if not state:
             return 0
-        path = Path(out_dir) / STATE_FILE
-        save_file(state, str(path))
-        return os.path.getsize(path)
+        return save_tensors(Path(out_dir) / STATE_FILE, state)
 
     @classmethod
     def load_export(cls, model: torch.nn.Module, export_dir: Path) -> torch.nn.Module:
@@ -259,7 +256,7 @@ class Method:
         method = cls(cls.read_params(export_dir))
         path = Path(export_dir) / STATE_FILE
         if path.is_file():
-            method.load_state_dict(model, load_file(str(path)))
+            method.load_state_dict(model, load_tensors(path)[0])
         return model
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:

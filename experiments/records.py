@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import tempfile
@@ -59,12 +60,13 @@ def atomic_write_json(path: Path, data: Any) -> None:
 def partial_files(run_dir: Path) -> list[Path]:
     """The temporary files a killed writer leaves in a run directory: every atomic write of a run (records and
     checkpoints through `atomic_write`, the atlas, cached activations) goes through a name ending in `.tmp` or
-    `.tmp-<pid>` that is renamed when complete, so such a file is never a result. Only safe to remove under the
-    run's lock."""
+    `.tmp-<pid>` that is renamed when complete, and safetensors' own writer (peft's adapters) through
+    `.tmp<6 characters>`, so such a file is never a result. Only safe to remove under the run's lock."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    return sorted(p for p in run_dir.rglob("*") if p.name.endswith(".tmp") or ".tmp-" in p.name)
+    return sorted(p for p in run_dir.rglob("*") if p.name.endswith(".tmp") or ".tmp-" in p.name
+                  or re.fullmatch(r"\.tmp[A-Za-z0-9]{6}", p.name))
 
 
 def read_record(run_dir: Path) -> Optional[dict]:

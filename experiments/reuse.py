@@ -5,12 +5,12 @@ chooses the items a run is evaluated on, and nothing that trains reads those ite
 the calibration split and train on the target training split (experiments/calibration.py), and the reference cache
 stores each split's log-probs by that split's own size. `run_identity.training_id_of` hashes a config without the split.
 
-With `reuse_training_from=[<run_root>, ...]`, a run that trains and has no checkpoint of its own looks there for a
-complete run with the same training id whose final checkpoint is still in its folder (`find_donor`). It copies the
-method's statistics files (`Method.run_files`: an atlas, a basis, a decomposition) and that checkpoint into its own
-folder (`adopt`), and the training loop then resumes at the last step, as a preempted run resumes: the trained state,
-the optimizer, the data position and every RNG state are the donor's. Exporting, diagnostics and evaluation at every
-post-hoc scale then run on this run's own split. The record says where the training came from
+With `reuse_training_from=[<run_root>, ...]`, a run that trains and has no intact checkpoint of its own looks there
+for a complete run with the same training id whose final checkpoint is still in its folder, intact (`find_donor`). It
+copies the method's statistics files (`Method.run_files`: an atlas, a basis, a decomposition) and that checkpoint into
+its own folder (`adopt`), and the training loop then resumes at the last step, as a preempted run resumes: the
+trained state, the optimizer, the data position and every RNG state are the donor's. Exporting, diagnostics and
+evaluation at every post-hoc scale then run on this run's own split. The record says where the training came from
 (`train.reused_from`: the donor's run id, folder, split and code version), and `cost.train_seconds` is the donor's.
 
 Why it is worth having: the test runs of the points chosen on dev include the dev runs' own seed, so the equal-budget
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from experiments import records, rerun
-from experiments.train import checkpoint_path, checkpoint_paths
+from experiments.checkpoints import checkpoint_path, checkpoint_problem, checksum_path, newest_intact
 from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
@@ -74,8 +74,13 @@ def find_donor(roots: Sequence[Path], training_id: str, steps: int, own_dir: Pat
             if run_identity.training_id_of(record["config"]) != training_id:
                 continue
             final = checkpoint_path(run_dir, steps)  # the training id holds train.steps: the donor trained `steps`
-            if not final.is_file():
+            if not final.exists():
                 log.info("%s trains the same model but holds no checkpoint of step %d; not reused", run_dir, steps)
+                continue
+            broken = checkpoint_problem(final)
+            if broken:
+                log.warning("%s trains the same model but its checkpoint %s is broken: %s; not reused", run_dir,
+                            final.name, broken)
                 continue
             stale = rerun.requested(rerun_before, run_dir)
             if stale:
@@ -93,15 +98,20 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def adopt(donor: Donor, run_dir: Path, run_files: Sequence[str]) -> dict:
-    """Copy the donor's statistics files (those of `run_files` it has) and its final checkpoint into `run_dir`, the
-    checkpoint last (its presence is what makes the loop resume); return the origin written to `REUSED_FILE`."""
+    """Copy the donor's statistics files (those of `run_files` it has) and its final checkpoint with its checksum into
+    `run_dir`, the checkpoint last (its presence is what makes the loop resume); return the origin written to
+    `REUSED_FILE`."""
     run_dir = Path(run_dir)
     origin = donor.origin()
     records.atomic_write_json(run_dir / REUSED_FILE, origin)
     for name in run_files:
-        if (donor.run_dir / name).is_file():
-            _copy(donor.run_dir / name, run_dir / name)
-    _copy(donor.checkpoint, run_dir / donor.checkpoint.relative_to(donor.run_dir))
+        for file in (checksum_path(donor.run_dir / name), donor.run_dir / name):  # a checksum file first, if any
+            if file.is_file():
+                _copy(file, run_dir / file.relative_to(donor.run_dir))
+    own = run_dir / donor.checkpoint.relative_to(donor.run_dir)
+    if checksum_path(donor.checkpoint).is_file():
+        _copy(checksum_path(donor.checkpoint), checksum_path(own))
+    _copy(donor.checkpoint, own)
     return origin
 
 
@@ -120,7 +130,7 @@ def reuse_training(roots: Sequence[Path], training_id: str, steps: int, run_dir:
     A folder with checkpoints of its own resumes them (an earlier attempt of this run, itself perhaps a reuse: then
     `REUSED_FILE` says so). Otherwise a donor from `roots` is adopted when there is one."""
     run_dir = Path(run_dir)
-    if checkpoint_paths(run_dir):
+    if newest_intact(run_dir):  # broken ones are moved aside: a folder left with none may adopt a donor
         return reused_training(run_dir)
     (run_dir / REUSED_FILE).unlink(missing_ok=True)  # an attempt killed before its checkpoint was copied
     if not roots or steps <= 0:

@@ -2,7 +2,8 @@
 
 A run killed (SIGTERM) or preempted (SIGUSR2) saves a checkpoint at the next step boundary: the
 method's trainable state, optimizer, scheduler, data position and every RNG state. Re-running the
-same config resumes from the newest checkpoint and ends where an uninterrupted run would.
+same config resumes from the newest intact checkpoint (`experiments.checkpoints`) and ends where an uninterrupted
+run would.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import torch
 from transformers import get_scheduler
 
 from experiments.batching import sft_loss_sum, target_groups
+from experiments.checkpoints import resume, save_checkpoint
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
-from experiments.records import atomic_write
 
 log = logging.getLogger("suite.train")
 
-CHECKPOINT_DIR = "checkpoints"
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
@@ -112,58 +112,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def checkpoint_paths(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (half-written ones never carry the final name)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
-    return sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
-
-
-class _WriteErrors:
-    """A binary file for `torch.save` that keeps the OSError of a failed write (ENOSPC, EIO), which torch itself
-    turns into a RuntimeError without the errno."""
-
-    def __init__(self, fh) -> None:
-        self.fh, self.error = fh, None
-
-    def write(self, data) -> int:
-        try:
-            return self.fh.write(data)
-        except OSError as exc:
-            self.error = exc
-            raise
-
-    def flush(self) -> None:
-        try:
-            self.fh.flush()
-        except OSError as exc:
-            self.error = exc
-            raise
-
-
-def checkpoint_path(run_dir: Path, step: int) -> Path:
-    """Where the checkpoint of `step` lives: <run_dir>/checkpoints/step_<step, 8 digits>.pt."""
-    return Path(run_dir) / CHECKPOINT_DIR / f"step_{step:08d}.pt"
-
-
-def save_checkpoint(run_dir: Path, step: int, state: dict, keep: int) -> Path:
-    """Write `state` atomically as checkpoints/step_<step>.pt and keep only the newest `keep`."""
-    final = checkpoint_path(run_dir, step)
-
-    def write(fh) -> None:
-        sink = _WriteErrors(fh)
-        try:
-            torch.save(state, sink)
-        except RuntimeError as exc:
-            if sink.error is not None:  # torch reports a failed write (a full disk) as a bare RuntimeError
-                raise sink.error from exc
-            raise
-
-    atomic_write(final, write)
-    for old in checkpoint_paths(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
-    return final
-
-
 class SignalFlag:
     """Records SIGTERM/SIGUSR2 so the loop can checkpoint at a step boundary; restores handlers on exit.
 
@@ -212,8 +160,9 @@ def train(
     Loss: mean token cross-entropy on response tokens (labels != -100) per micro-batch, divided
     by `grad_accum`, plus the method's `extra_loss` (once per micro-batch, given its last group). A micro-batch
     runs as at most `cfg.length_groups` right-padded groups of similar length, with logits only at target
-    positions (`experiments.batching`: the same loss). Resumes from the newest checkpoint in `ctx.run_dir` when
-    one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    positions (`experiments.batching`: the same loss). Resumes from the newest intact checkpoint in `ctx.run_dir`
+    when one exists (broken ones are moved aside: `experiments.checkpoints.resume`). Raises `Preempted` after
+    saving a checkpoint on a signal.
     `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
     if cfg.batch_size is None or cfg.grad_accum is None:
@@ -228,9 +177,9 @@ def train(
     result = TrainResult(steps=steps)
     start = 0
 
-    existing = checkpoint_paths(ctx.run_dir)
-    if existing:
-        state = torch.load(existing[-1], map_location="cpu", weights_only=False)
+    resumed = resume(ctx.run_dir)
+    if resumed:
+        path, state = resumed
         method.load_state_dict(model, state["method"])
         optimizer.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -241,7 +190,7 @@ def train(
         result.tokens_seen = state["tokens_seen"]
         result.train_seconds = state["train_seconds"]
         result.resumed_from = start
-        log.info("resumed from checkpoint %s at step %d", existing[-1].name, start)
+        log.info("resumed from checkpoint %s at step %d", path.name, start)
 
     def snapshot(step: int) -> dict:
         return {

@@ -19,12 +19,12 @@ and, on the evaluation split only (the split answer-level metrics are reported o
 - choice: each choice's log-likelihood and the base's raw and normalised choices.
 
 It is stored under `cache_dir/ref-<backbone>-<key>/` (manifest.json, written last with the sha256 of
-every file, + one safetensors file per split; a load verifies the checksums and rebuilds an entry
-whose files are missing, truncated or altered), written into a temporary folder and moved into place
-with `os.replace`, and built under an exclusive `fcntl` lock so concurrent runs of a sweep build it
-once. The key hashes everything the contents depend on (see `reference_key`): a later call with the
-same key loads it and runs no base forward pass at all; `base_model` may be a zero-argument
-callable so that a cache hit does not even load the base.
+every file and of its own other fields, + one safetensors file per split; a load verifies the checksums and
+rebuilds an entry whose files or manifest are missing, truncated or altered), written into a temporary folder
+and moved into place with `os.replace`, and built under an exclusive `fcntl` lock so concurrent runs of a sweep
+build it once (`experiments.disk_cache`'s protocol). The key hashes everything the contents depend on (see
+`reference_key`): a later call with the same key loads it and runs no base forward pass at all; `base_model` may
+be a zero-argument callable so that a cache hit does not even load the base.
 """
 
 from __future__ import annotations
@@ -40,10 +40,17 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from experiments import prompts as P
-from experiments.disk_cache import exclusive_lock, file_checksums, is_complete, usable
+from experiments.disk_cache import (
+    exclusive_lock,
+    file_checksums,
+    is_complete,
+    remove_dead_builds,
+    usable,
+    write_manifest,
+)
 from experiments.evaluation.answers import extract_math_answer
 from experiments.evaluation.config import EvalConfig, require_eval_config
 from experiments.evaluation.generation import encode_prompts, generate, pad_token_id
@@ -53,6 +60,7 @@ from experiments.evaluation.retained_kl import (
     cache_logprobs,
 )
 from experiments.evaluation.scoring import score_choices
+from experiments.tensor_files import save_tensors
 
 CACHE_FORMAT_VERSION = 2  # 2: log-prob storage chosen per split (1: over both splits together)
 SPLITS = ("calibration", "evaluation")
@@ -257,6 +265,7 @@ def get_reference(
     t0 = time.perf_counter()
     if usable(path, key, "reference cache"):
         return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=0.0, t0=t0)
+    remove_dead_builds(path.parent)
     with exclusive_lock(path.parent / f"{path.name}.lock") as lock_wait_s:
         if is_complete(path, key):  # another process built it while we waited
             return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=lock_wait_s, t0=time.perf_counter())
@@ -338,12 +347,12 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
                                        batch_size=cfg.scoring_batch_size, progress=progress)
                 ref.choice_loglik, ref.choice, ref.choice_norm = scores.loglik, scores.choice, scores.choice_norm
             tensor_file = f"logprobs-{number:03d}.safetensors"
-            save_file(cached.tensors(), str(tmp / tensor_file))
+            save_tensors(tmp / tensor_file, cached.tensors())
             manifest_domains.setdefault(name, {"kind": s["kind"], "splits": {}})["splits"][split] = {
                 "tensors": tensor_file, **ref.metadata(),
             }
         build_s = time.perf_counter() - t_start
-        manifest = {
+        write_manifest(tmp, {
             "key": key,
             "format_version": CACHE_FORMAT_VERSION,
             "components": components,
@@ -354,10 +363,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "domains": manifest_domains,
             "files": file_checksums(tmp),  # verified on every load (experiments.disk_cache.check_entry)
-        }
-        tmp_manifest = tmp / "manifest.json.tmp"
-        tmp_manifest.write_text(json.dumps(manifest))
-        os.replace(tmp_manifest, tmp / "manifest.json")
+        })
         if path.exists():  # a stale or partial folder under this name: replace it
             shutil.rmtree(path)
         os.replace(tmp, path)
@@ -379,7 +385,7 @@ def _load(path: Path, key: str, benchmark: Any, cfg: EvalConfig, *, hit: bool, l
         refs = {}
         for split in SPLITS:
             meta = entry["splits"][split]
-            tensors = load_file(str(path / meta["tensors"]))
+            tensors = load_file(str(path / meta["tensors"]))  # its checksum was verified (`usable`)
             n_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
             refs[split] = SplitReference(
                 items=retained_items(getattr(dom, split), cfg),

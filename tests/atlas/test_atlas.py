@@ -347,3 +347,42 @@ def test_bf16_backbone_trains_float32_factors(tiny_backbone_dir, tmp_path):
     assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.loss)
     out.loss.backward()
     assert all(m.lora_A.grad is not None and torch.isfinite(m.lora_A.grad).all() for m in layers)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "altered"])
+def test_a_damaged_atlas_in_the_run_folder_is_built_again_and_a_damaged_export_is_refused(tiny_backbone_dir, tmp_path,
+                                                                                          damage, caplog):
+    """The run folder's atlas carries its digest: cut short, or with bytes changed in place (safetensors reads that
+    without an error), it is named in one warning line and built again, the same atlas; a damaged export is refused
+    naming its file. Both get the mode records get."""
+    from safetensors.torch import load_file
+
+    from experiments.records import file_mode
+    from experiments.tensor_files import DamagedFile
+
+    model, first, _ = prepared(tiny_backbone_dir, tmp_path / "run")
+    path = tmp_path / "run" / "atlas.safetensors"
+    first.export(model, tmp_path / "export")
+    for file in (path, tmp_path / "export" / "atlas.safetensors", tmp_path / "export" / "adapter.safetensors"):
+        assert file.stat().st_mode & 0o777 == file_mode(), file
+    for file in (path, tmp_path / "export" / "atlas.safetensors"):
+        raw = file.read_bytes()
+        if damage == "truncated":
+            file.write_bytes(raw[: len(raw) // 2])
+        else:
+            at = len(raw) - len(raw) // 4
+            file.write_bytes(raw[:at] + bytes(b ^ 0x55 for b in raw[at:at + 8]) + raw[at + 8:])
+            load_file(str(file))
+    with caplog.at_level("WARNING", logger="suite.atlas"):
+        _, again, _ = prepared(tiny_backbone_dir, tmp_path / "run")
+    what = "does not match its digest (truncated or altered)" if damage == "altered" else "cannot be read ("
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and messages[0].startswith(f"{path} is damaged: {what}"), messages
+    assert messages[0].endswith("; building it again")
+    assert load_atlas(path)[0].keys() == first.atlas.keys()
+    for name in first.atlas:
+        assert torch.equal(again.atlas[name].centers, first.atlas[name].centers)
+        assert torch.equal(again.atlas[name].filters, first.atlas[name].filters)
+    fresh, _, _ = tiny_model(tiny_backbone_dir)
+    with pytest.raises(DamagedFile, match=f"{tmp_path / 'export' / 'atlas.safetensors'} is damaged: "):
+        ATLAS.from_export(fresh, tmp_path / "export")

@@ -115,3 +115,22 @@ def test_resumed_prepare_rebuilds_the_same_residual_from_cached_eigens(tiny, tmp
     assert not list(tmp_path.glob(".corda_eigens*"))
     a, b = dict(first.named_parameters()), dict(second.named_parameters())
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "altered"])
+def test_a_damaged_cached_decomposition_is_built_again(tiny, tmp_path, damage, caplog):
+    """The cached decomposition carries its sha256: cut short, or with bytes changed in place (torch reads that
+    without an error), it is named in one warning line and built again, the same residual."""
+    first, _, _ = prepared(tiny, "corda", tmp_path)
+    path = tmp_path / "corda_eigens.pt"
+    raw = path.read_bytes()
+    middle = len(raw) // 2
+    path.write_bytes(raw[:middle] if damage == "truncated"
+                     else raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 16]) + raw[middle + 16:])
+    with caplog.at_level("WARNING", logger="suite.train"):
+        second, m2, _ = prepared(tiny, "corda", tmp_path)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path} is damaged: does not match its checksum (truncated or altered); building it again"]
+    assert not m2.costs()["eigens_reused"] and path.read_bytes() == raw
+    a, b = dict(first.named_parameters()), dict(second.named_parameters())
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -39,10 +39,10 @@ def test_failed_build_leaves_nothing_behind(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["entry.lock"]
 
 
-@pytest.mark.parametrize("damage", ["alter", "truncate", "delete", "manifest", "old"])
+@pytest.mark.parametrize("damage", ["alter", "truncate", "delete", "manifest", "edited", "old", "unsealed"])
 def test_a_broken_entry_is_reported_and_rebuilt_never_read(tmp_path, damage, caplog):
-    """Files are checked against the checksums the manifest holds (written last): any damage is named in one
-    warning line with the entry's path, and the entry is rebuilt instead of returned."""
+    """Files are checked against the checksums the manifest holds (written last), the manifest against its own:
+    any damage is named in one warning line with the entry's path, and the entry is rebuilt instead of returned."""
     calls = []
 
     def build(folder):
@@ -66,11 +66,41 @@ def test_a_broken_entry_is_reported_and_rebuilt_never_read(tmp_path, damage, cap
         (path / "sub" / "more.txt").unlink()
     elif damage == "manifest":
         (path / disk_cache.MANIFEST).write_text('{"key": "k", "files": {"data')
-    else:  # an entry written before checksums existed
+    elif damage == "edited":  # valid JSON, key and file checksums intact, what a load reads changed
+        manifest["components"] = {"edited": True}; (path / disk_cache.MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "old":  # an entry written before checksums existed
         manifest.pop("files"); (path / disk_cache.MANIFEST).write_text(json.dumps(manifest))
+    else:  # an entry written before manifests were checked
+        manifest.pop("manifest_sha256"); (path / disk_cache.MANIFEST).write_text(json.dumps(manifest))
     problem = disk_cache.check_entry(path, "k")
+    if damage == "edited":
+        assert problem == "manifest.json does not match its checksum (edited or altered)"
     assert problem not in ("ok", "absent") and not disk_cache.is_complete(path, "k")
     with caplog.at_level("WARNING", logger="suite.cache"):
         entry = disk_cache.get_or_build(path, "k", build)
     assert not entry.stats["hit"] and len(calls) == 2 and disk_cache.check_entry(path, "k") == "ok"
     assert [r.getMessage() for r in caplog.records] == [f"cache entry {path} is broken: {problem}; rebuilding it"]
+
+
+def test_a_later_build_removes_what_killed_builds_left_but_never_a_live_one(tmp_path):
+    """A build killed outright (SIGKILL) leaves its temporary folder `.<entry>.tmp-<pid>`; the next build removes
+    those of processes that are gone, not one of a live process, nor one whose entry's lock is held (a build of it
+    running elsewhere)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    leftovers = {name: tmp_path / name for name in
+                 (f".entry.tmp-{dead_pid}", f".busy.tmp-{dead_pid}", f".other.tmp-{os.getpid()}")}
+    for folder in leftovers.values():
+        folder.mkdir()
+        (folder / "half.bin").write_bytes(b"x" * 100)
+    with open(tmp_path / "busy.lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        disk_cache.get_or_build(tmp_path / "entry", "k", lambda folder: {"n": (folder / "data.txt").write_text("ok")})
+    assert not leftovers[f".entry.tmp-{dead_pid}"].exists()
+    assert leftovers[f".busy.tmp-{dead_pid}"].is_dir() and leftovers[f".other.tmp-{os.getpid()}"].is_dir()
+    assert (tmp_path / "entry" / "data.txt").read_text() == "ok"

@@ -12,8 +12,17 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments import records, reuse
+from experiments.checkpoints import (
+    STATE_FIELDS,
+    checkpoint_path,
+    checkpoint_problem,
+    checksum_path,
+    checksum_problem,
+    move_sealed,
+    save_checkpoint,
+)
 from experiments.config import train_config, validate_config
-from experiments.train import checkpoint_path, train
+from experiments.train import train
 from experiments.validation import ConfigError
 from suite_schema import layout, registry, run_identity
 from suite_schema.registry import CONF
@@ -103,7 +112,7 @@ def test_a_run_without_its_last_checkpoint_or_made_for_another_training_is_no_do
         records.atomic_write_json(run_dir / layout.RECORD_NAME, {"run_id": run_id, "status": layout.STATUS_COMPLETE,
                                                                    "config": config, "train": {"steps": steps}})
         if checkpoint:
-            records.atomic_write(checkpoint_path(run_dir, steps), lambda fh: fh.write(b"state"))
+            save_checkpoint(run_dir, steps, {"step": steps, **{f: {} for f in STATE_FIELDS if f != "step"}}, keep=1)
 
     dev = run_identity.scientific_config(resolved("benchmark.split=dev"))
     training = run_identity.training_id_of(dev)
@@ -114,8 +123,22 @@ def test_a_run_without_its_last_checkpoint_or_made_for_another_training_is_no_do
         assert reuse.find_donor([tmp_path / "root"], training, 600, own) is None
     assert "a-no-checkpoint trains the same model but holds no checkpoint of step 600; not reused" in caplog.text
     assert "b-other-seed" not in caplog.text
+    finished("bb-broken", dev, 600, checkpoint=True)
+    broken = checkpoint_path(tmp_path / "root" / "bb-broken", 600)
+    broken.write_bytes(broken.read_bytes()[:50])  # truncated: never copied
     finished("c-donor", dev, 600, checkpoint=True)
-    donor = reuse.find_donor([tmp_path / "root"], training, 600, own)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="suite.run"):
+        donor = reuse.find_donor([tmp_path / "root"], training, 600, own)
     assert donor is not None and donor.run_dir.name == "c-donor"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{broken.parents[1]} trains the same model but its checkpoint step_00000600.pt is broken: does not match its "
+        "checksum (truncated or altered); not reused"]
+    stats = donor.run_dir / ".corda_eigens.pt.tmp"
+    stats.write_bytes(b"eigens")
+    move_sealed(stats, donor.run_dir / "corda_eigens.pt")
+    reuse.adopt(donor, own, ["corda_eigens.pt"])
+    assert checkpoint_problem(checkpoint_path(own, 600)) is None and checksum_path(checkpoint_path(own, 600)).is_file()
+    assert checksum_problem(own / "corda_eigens.pt") is None and checksum_path(own / "corda_eigens.pt").is_file()
     assert reuse.find_donor([tmp_path / "root"], training, 300, own) is None  # trained for another number of steps
     assert reuse.find_donor([tmp_path / "root"], training, 600, tmp_path / "root" / "c-donor") is None  # not itself

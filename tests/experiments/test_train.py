@@ -8,13 +8,13 @@ import pytest
 
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
+from experiments.checkpoints import checkpoint_paths
 from experiments.config import train_config
 from experiments.methods import RunContext, build_named
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.train import (
     DataStream,
     Preempted,
-    checkpoint_paths,
     seed_everything,
     train,
 )
@@ -107,3 +107,68 @@ def test_checkpoints_are_pruned_and_final_step_saved(tiny_backbone_dir, tmp_path
     run_train(model, method, examples, ctx, tok, steps=8, keep_checkpoints=2)
     assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000006.pt", "step_00000008.pt"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+def _damage(path: Path, how: str) -> None:
+    """Break a checkpoint as a crash, a full disk, bad storage or a stray command would."""
+    import shutil
+
+    import torch
+
+    from experiments.checkpoints import save_checkpoint, step_of
+
+    raw = path.read_bytes()
+    if how == "half":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "flipped":  # same size, bytes inside a tensor changed: torch.load reads it without an error
+        middle = len(raw) // 2
+        path.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 16]) + raw[middle + 16:])
+        torch.load(path, map_location="cpu", weights_only=False)
+    elif how == "directory":
+        path.unlink()
+        path.mkdir()
+    elif how == "no_fields":  # a valid file with a matching checksum that is not the loop's state
+        save_checkpoint(path.parents[1], step_of(path), {"step": step_of(path)}, keep=10)
+    else:  # another step's state with its checksum
+        for suffix in ("", ".sha256"):
+            shutil.copyfile(path.with_name(f"step_00000006.pt{suffix}"), path.with_name(path.name + suffix))
+
+
+@pytest.mark.trains
+@pytest.mark.parametrize("how", ["half", "empty", "flipped", "directory", "no_fields", "other_step"])
+def test_a_broken_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_newest_intact_one(
+        tiny_backbone_dir, tmp_path, how, caplog):
+    """A newest checkpoint that is truncated, empty, altered in place, a folder, or not the loop's state is moved to
+    checkpoints/broken/ with one warning line naming it; the run resumes from the newest intact one and ends where an
+    uninterrupted run ends."""
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    straight = run_train(model, method, examples, ctx, tok, keep_checkpoints=3)
+    newest = checkpoint_paths(tmp_path)[-1]
+    assert newest.name == "step_00000008.pt"
+    _damage(newest, how)
+
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    with caplog.at_level("WARNING", logger="suite.train"):
+        resumed = run_train(model, method, examples, ctx, tok, keep_checkpoints=3)
+    aside = list((tmp_path / "checkpoints" / "broken").iterdir())
+    assert [p.name for p in aside if p.name.startswith("step_00000008-") and p.suffix == ".pt"], aside
+    assert len(caplog.records) == 1, caplog.text
+    assert caplog.records[0].getMessage().startswith(f"checkpoint {newest} is broken: ")
+    assert caplog.records[0].getMessage().endswith(f"; moved to {[p for p in aside if p.suffix == '.pt'][0]}")
+    assert resumed.resumed_from == 6 and resumed.losses == pytest.approx(straight.losses, rel=1e-6, abs=1e-7)
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000003.pt", "step_00000006.pt", "step_00000008.pt"]
+
+
+@pytest.mark.trains
+def test_with_every_checkpoint_broken_the_run_trains_from_scratch(tiny_backbone_dir, tmp_path, caplog):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    straight = run_train(model, method, examples, ctx, tok, steps=4)
+    for path in checkpoint_paths(tmp_path):
+        _damage(path, "half")
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path)
+    with caplog.at_level("WARNING", logger="suite.train"):
+        again = run_train(model, method, examples, ctx, tok, steps=4)
+    assert again.resumed_from is None and again.losses == straight.losses
+    assert len(caplog.records) == 2 and all("is broken: " in r.getMessage() for r in caplog.records)

@@ -265,3 +265,46 @@ def test_each_split_is_stored_by_its_own_size_so_calibration_does_not_depend_on_
     for name in small.retained:
         a, b = refs["small"].domains[name].calibration, refs["big"].domains[name].calibration
         assert a.response_ids == b.response_ids and torch.equal(a.logprobs.full, b.logprobs.full)
+
+
+def test_an_edited_manifest_is_detected_rebuilt_and_the_base_against_itself_is_zero_again(lm, tmp_path, caplog):
+    """The manifest holds the base's response ids, greedy answers and choices. Edited (still valid JSON, key and file
+    checksums intact), it no longer matches its own checksum: the load names it in one warning line and rebuilds the
+    entry, so the base measured against itself shows no KL and no changed answer or choice. The rebuild removes the
+    temporary folder a killed build of the entry left."""
+    import json
+    import subprocess
+    import sys
+
+    from experiments.evaluation.generation import pad_token_id
+    from experiments.evaluation.retained_kl import retained_kl
+
+    model, tok = lm
+    bench, cfg = fake_benchmark(), _cfg(tmp_path)
+    ref = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    manifest_path = ref.path / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    math_ev = manifest["domains"]["math"]["splits"]["evaluation"]
+    math_ev["response_ids"] = [list(reversed(r)) for r in math_ev["response_ids"]]
+    math_ev["greedy_answers"] = ["999999"] * len(math_ev["greedy_answers"])
+    choice_ev = manifest["domains"]["commonsense"]["splits"]["evaluation"]
+    choice_ev["choice"] = [(c + 1) % 2 for c in choice_ev["choice"]]
+    manifest_path.write_text(json.dumps(manifest))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed_build = ref.path.parent / f".{ref.path.name}.tmp-{int(gone.stdout)}"  # what a SIGKILLed build leaves
+    killed_build.mkdir()
+
+    with caplog.at_level("WARNING", logger="suite.cache"):
+        again = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    assert not again.stats["hit"] and not killed_build.exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reference cache {ref.path} is broken: manifest.json does not match its checksum (edited or altered); "
+        "rebuilding it"]
+    ev = again.domains["math"].evaluation
+    assert ev.response_ids == ref.domains["math"].evaluation.response_ids
+    assert ev.greedy_answers == ref.domains["math"].evaluation.greedy_answers
+    assert again.domains["commonsense"].evaluation.choice == ref.domains["commonsense"].evaluation.choice
+    kl = retained_kl(model, ev.prompt_ids, ev.response_ids, ev.logprobs, pad_id=pad_token_id(tok), batch_size=2,
+                     progress=False)
+    assert abs(kl["kl_token_mean"]) < 1e-6
+    assert rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False).stats["hit"]
