@@ -25,7 +25,15 @@ from atlas.diagnostics import conditioning_report
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
-from experiments.methods import AdapterParams, Method, RunContext, SiteStatisticsParams, is_int, require
+from experiments.methods import (
+    AdapterParams,
+    Method,
+    RunContext,
+    SiteStatisticsParams,
+    is_int,
+    require,
+    require_rank_fits,
+)
 from experiments.progress import progress_bar
 
 log = logging.getLogger("suite.atlas")
@@ -181,6 +189,10 @@ class ATLAS(Method):
         return {"sites": {s.name: s.modules for s in self.sites}, "hparams": self.describe()}
 
     # -- hooks -----------------------------------------------------------------------------
+    def check_shapes(self, model: torch.nn.Module, targets: list[str]) -> None:
+        """The residual's rank fits every adapted layer (`require_rank_fits`)."""
+        require_rank_fits(model, targets, self.params.rank)
+
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         targets = self.resolve_targets(model, ctx)
         for p in model.parameters():
