@@ -8,6 +8,7 @@ same config resumes from the newest checkpoint and ends where an uninterrupted r
 from __future__ import annotations
 
 import logging
+import math
 import random
 import signal
 import time
@@ -37,6 +38,16 @@ class Preempted(Exception):
     def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
         super().__init__(f"{signal.Signals(signum).name} at step {step}; checkpoint {checkpoint}")
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class Diverged(RuntimeError):
+    """The loss or the gradient norm of a step became nan or infinite: training stopped at that step, before its
+    checkpoint (what the step's update made of the model is nan too, or will be)."""
+
+    def __init__(self, step: int, what: str, value: float, lr: float, configured_lr: float) -> None:
+        kind = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        super().__init__(f"{what} became {kind} at step {step} (lr {lr:.3g} at this step, train.lr={configured_lr:g})")
+        self.step = step
 
 
 @dataclass
@@ -213,7 +224,8 @@ def train(
     by `grad_accum`, plus the method's `extra_loss` (once per micro-batch, given its last group). A micro-batch
     runs as at most `cfg.length_groups` right-padded groups of similar length, with logits only at target
     positions (`experiments.batching`: the same loss). Resumes from the newest checkpoint in `ctx.run_dir` when
-    one exists. Raises `Preempted` after saving a checkpoint on a signal.
+    one exists. Raises `Preempted` after saving a checkpoint on a signal, and `Diverged` (saving nothing) at the first
+    step whose loss or gradient norm is nan or infinite.
     `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
     if cfg.batch_size is None or cfg.grad_accum is None:
@@ -283,12 +295,17 @@ def train(
                     part = loss.detach().double() / grad_accum
                     step_total = part if step_total is None else step_total + part
                 result.tokens_seen += groups.tokens
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            # max_grad_norm 0 (no clipping): an infinite bound scales nothing, and the norm is still measured
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+            lr = sched.get_last_lr()[0]
             optimizer.step()
             sched.step()
             method.after_step(model, ctx)
-            step_loss = step_total.item()
+            step_loss, norm = torch.stack((step_total, grad_norm.to(step_total))).tolist()  # the step's one read
+            for what, value in (("loss", step_loss), ("gradient norm", norm)):
+                if not math.isfinite(value):
+                    bar.close()
+                    raise Diverged(step, what, value, lr, cfg.lr)
             result.losses.append(step_loss)
             result.train_seconds += time.perf_counter() - t0
             bar.update(1)

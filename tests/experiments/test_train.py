@@ -5,6 +5,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
@@ -13,6 +14,7 @@ from experiments.methods import RunContext, build_named
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.train import (
     DataStream,
+    Diverged,
     Preempted,
     checkpoint_paths,
     seed_everything,
@@ -107,3 +109,45 @@ def test_checkpoints_are_pruned_and_final_step_saved(tiny_backbone_dir, tmp_path
     run_train(model, method, examples, ctx, tok, steps=8, keep_checkpoints=2)
     assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000006.pt", "step_00000008.pt"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+class BreaksAt(LoRA):
+    """LoRA whose step `at_step` goes wrong: a nan loss term (`part="loss"`), or an infinite gradient under a finite
+    loss (`part="gradient"`)."""
+
+    def __init__(self, at_step, part, **kw):
+        super().__init__(build_named("lora", **kw).params)
+        self.at_step, self.part = at_step, part
+
+    def extra_loss(self, model, batch, ctx):
+        if ctx.step != self.at_step:
+            return None
+        weight = next(p for p in model.parameters() if p.requires_grad)
+        if self.part == "loss":
+            return weight.sum() * float("nan")
+        weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))  # training stops at this step
+        return weight.sum() * 0.0
+
+
+def train_every_step_saved(model, method, examples, ctx, **kw):
+    """Six steps at a constant learning rate, with every step's checkpoint kept."""
+    return train(model, method, examples, ctx, train_config(steps=6, batch_size=4, grad_accum=2, warmup_steps=0,
+                                                            scheduler="constant", checkpoint_every=1,
+                                                            keep_checkpoints=10, progress=False, **kw))
+
+
+@pytest.mark.trains
+@pytest.mark.parametrize("part, max_grad_norm, message", [
+    ("loss", 1.0, r"^loss became nan at step 3 \(lr 0.005 at this step, train.lr=0.005\)$"),
+    ("gradient", 0.0, r"^gradient norm became inf at step 3 \(lr 0.005 at this step, train.lr=0.005\)$"),
+])
+def test_a_nan_loss_or_gradient_stops_training_at_that_step_without_its_checkpoint(tiny_backbone_dir, tmp_path, part,
+                                                                                   max_grad_norm, message):
+    """Step 3 goes wrong: training stops there (no step 4 begins), keeps the checkpoints of steps 1 and 2, writes none
+    of step 3, and says what became what; with clipping off (max_grad_norm 0) the gradient norm is measured all the
+    same."""
+    model, method, examples, ctx, _ = setup(tiny_backbone_dir, tmp_path, BreaksAt(3, part, rank=4, alpha=8))
+    with pytest.raises(Diverged, match=message) as info:
+        train_every_step_saved(model, method, examples, ctx, lr=5e-3, max_grad_norm=max_grad_norm)
+    assert info.value.step == 3 and ctx.step == 3
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]
