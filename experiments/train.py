@@ -25,6 +25,7 @@ from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
 from experiments.records import atomic_write
+from experiments.stopped_time import StoppedTime
 
 log = logging.getLogger("suite.train")
 
@@ -52,7 +53,8 @@ class Diverged(RuntimeError):
 
 @dataclass
 class TrainResult:
-    """What training did: steps, per-step losses (mean SFT loss over the step's micro-batches), time, tokens."""
+    """What training did: steps, per-step losses (mean SFT loss over the step's micro-batches), time (the steps' wall
+    time, less any time the process was stopped: `experiments.stopped_time`), tokens."""
 
     steps: int
     losses: list[float] = field(default_factory=list)
@@ -270,9 +272,9 @@ def train(
 
     model.train()
     bar = progress_bar(total=steps, initial=start, desc=f"train {method.name}", disable=not cfg.progress, dynamic_ncols=True)
-    with SignalFlag() as flag:
+    with SignalFlag() as flag, StoppedTime() as stopped:
         for step in range(start + 1, steps + 1):
-            t0 = time.perf_counter()
+            t0, stopped0 = time.perf_counter(), stopped.seconds
             ctx.step = step
             optimizer.zero_grad(set_to_none=True)
             # The step's loss is summed on the device (float64, as a Python float sum would be) and read once, at the
@@ -307,7 +309,7 @@ def train(
                     bar.close()
                     raise Diverged(step, what, value, lr, cfg.lr)
             result.losses.append(step_loss)
-            result.train_seconds += time.perf_counter() - t0
+            result.train_seconds += max(0.0, time.perf_counter() - t0 - (stopped.seconds - stopped0))
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.4f}")
             if log_fn and (step % cfg.log_every == 0 or step == steps):

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,27 @@ def test_a_nan_loss_or_gradient_stops_training_at_that_step_without_its_checkpoi
         train_every_step_saved(model, method, examples, ctx, lr=5e-3, max_grad_norm=max_grad_norm)
     assert info.value.step == 3 and ctx.step == 3
     assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]
+
+
+class StoppedAt(LoRA):
+    """LoRA that stops its own process (SIGSTOP) after a given step; a helper process continues it `seconds` later."""
+
+    def __init__(self, at_step, seconds, **kw):
+        super().__init__(build_named("lora", **kw).params)
+        self.at_step, self.seconds = at_step, seconds
+
+    def after_step(self, model, ctx):
+        if ctx.step == self.at_step:
+            subprocess.Popen(["sh", "-c", f"sleep {self.seconds}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.trains
+@pytest.mark.slow  # starts a helper process
+def test_training_time_leaves_out_the_time_the_process_was_stopped(tiny_backbone_dir, tmp_path):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path, StoppedAt(2, 2.0, rank=4, alpha=8))
+    t0 = time.perf_counter()
+    result = run_train(model, method, examples, ctx, tok, steps=3)
+    wall = time.perf_counter() - t0
+    assert wall > 2.0 and 0 < result.train_seconds < wall - 1.8, (wall, result.train_seconds)
+    assert signal.getsignal(signal.SIGCONT) == signal.SIG_DFL and signal.set_wakeup_fd(-1) == -1  # all restored
