@@ -28,6 +28,7 @@ from experiments.data.mbpp_conversion import mbpp_to_humaneval
 from experiments.validation import ConfigError
 
 _SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 class DataError(ConfigError):
@@ -122,7 +123,8 @@ def located_records(path: Path) -> list[tuple[str, dict]]:
                     raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
     for where, record in located:
         if not isinstance(record, dict):
-            raise DataError(f"{where}: a record must be a JSON object, not a {type(record).__name__} ({record!r:.60})")
+            kind = _JSON_TYPES.get(type(record), type(record).__name__)
+            raise DataError(f"{where}: a record must be a JSON object, not a JSON {kind} ({record!r:.60})")
     return located
 
 

@@ -104,9 +104,9 @@ FIRST_LINE = len(_jsonl(INSTRUCTIONS[:1]))  # bytes
     ("train.jsonl.gz", gzip.compress(_jsonl(INSTRUCTIONS[:1]) + b'{"instruction": "\xff"}\n'),
      f"train.jsonl.gz:2: not UTF-8 text (byte {FIRST_LINE + 17} of the decompressed data: invalid start byte)"),
     ("train.jsonl", _jsonl(INSTRUCTIONS[:2]) + b"[1, 2]\n",
-     "train.jsonl:3: a record must be a JSON object, not a list ([1, 2])"),
+     "train.jsonl:3: a record must be a JSON object, not a JSON array ([1, 2])"),
     ("train.json", json.dumps([*INSTRUCTIONS, "text"]).encode(),
-     "train.json: item 4: a record must be a JSON object, not a str ('text')"),
+     "train.json: item 4: a record must be a JSON object, not a JSON string ('text')"),
 ], ids=["truncated-json-list", "truncated-gz", "not-gz", "invalid-utf8", "invalid-utf8-in-gz", "list-line",
         "string-item"])
 def test_a_damaged_data_file_names_the_file_and_where(tmp_path, name, content, message):
