@@ -36,7 +36,7 @@ DATA_KINDS = ("math", "choice", "code_problem", "code_instruction")
 BENCHMARK_SPLITS = ("dev", "test")
 HOLDOUT_PARTS = ("dev", "rest")
 RETAINED_KINDS = ("math", "choice")
-#: The run seeds every random generator the run seeds accepts (numpy's `np.random.seed`: 0 .. 2**32 - 1).
+#: What `seed` may be: the seeds numpy's global generator takes (torch's and Python's take these and more).
 SEED_RANGE = (0, 2**32 - 1)
 
 

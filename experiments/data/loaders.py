@@ -128,11 +128,6 @@ def located_records(path: Path) -> list[tuple[str, dict]]:
     return located
 
 
-def read_records(path: Path) -> list[dict]:
-    """All records of a JSON list or JSON-lines file (gzip allowed); see `located_records`."""
-    return [record for _, record in located_records(path)]
-
-
 def _hub_records(source: str, split: str, hub_config: Optional[str]) -> list[dict]:
     ds = datasets.load_dataset(source, hub_config, split=split)
     return [dict(r) for r in ds]
