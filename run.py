@@ -21,7 +21,7 @@ def main(cfg: DictConfig) -> None:
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_lock import RunBusyError
     from experiments.failure import SignalInterrupt
-    from experiments.train import Preempted
+    from experiments.train import Diverged, Preempted
 
     try:
         run(cfg)
@@ -29,6 +29,9 @@ def main(cfg: DictConfig) -> None:
         print(f"error: {exc}", file=sys.stderr)
         discard_rejected_run_dir()
         sys.exit(exit_codes.BAD_CONFIG)
+    except Diverged as exc:  # recorded `failed` in phase train; its traceback says nothing more
+        print(f"failed: {exc}", file=sys.stderr)
+        sys.exit(exit_codes.FAILED)
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exit_codes.RUN_BUSY)

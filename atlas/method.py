@@ -23,7 +23,15 @@ from atlas.diagnostics import conditioning_report
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, discover_sites
 from experiments.calibration import pair_example, reference_pairs, target_examples
-from experiments.methods import AdapterParams, Method, RunContext, SiteStatisticsParams, is_int, require
+from experiments.methods import (
+    AdapterParams,
+    Method,
+    RunContext,
+    SiteStatisticsParams,
+    is_int,
+    require,
+    require_rank_fits,
+)
 from experiments.progress import progress_bar
 from experiments.tensor_files import DamagedFile, load_tensors, save_tensors
 
@@ -180,6 +188,10 @@ class ATLAS(Method):
         return {"sites": {s.name: s.modules for s in self.sites}, "hparams": self.describe()}
 
     # -- hooks -----------------------------------------------------------------------------
+    def check_shapes(self, model: torch.nn.Module, targets: list[str]) -> None:
+        """The residual's rank fits every adapted layer (`require_rank_fits`)."""
+        require_rank_fits(model, targets, self.params.rank)
+
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         targets = self.resolve_targets(model, ctx)
         for p in model.parameters():

@@ -15,7 +15,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 
 from baselines.fused_lora import FusedLoraLinear
-from experiments.methods import AdapterParams, Method, RunContext, is_int, require
+from experiments.methods import AdapterParams, Method, RunContext, is_int, require, require_rank_fits
 from experiments.tensor_files import library_writes
 
 
@@ -59,6 +59,10 @@ class LoRA(Method):
                             bias="none", task_type="CAUSAL_LM", **self.peft_init(), **extra)
         config._register_custom_module({torch.nn.Linear: FusedLoraLinear})  # peft's layer, one fused product
         return config
+
+    def check_shapes(self, model: torch.nn.Module, targets: list[str]) -> None:
+        """The rank fits every adapted layer (`require_rank_fits`)."""
+        require_rank_fits(model, targets, self.params.rank)
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         return get_peft_model(model, self.lora_config(self.resolve_targets(model, ctx)))

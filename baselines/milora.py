@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from baselines.common import ResidualLoRA, lora_layers, set_residual_init
-from experiments.methods import RunContext, require
+from experiments.methods import RunContext
 
 FACTORS_FILE = "milora_factors.safetensors"
 
@@ -64,10 +64,7 @@ class MiLoRA(ResidualLoRA):
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         model = super().prepare(model, ctx)  # plain peft LoRA layers (LoRA.prepare), factors set below
-        layers = lora_layers(model)
-        smallest = min(min(layer.get_base_layer().weight.shape) for layer in layers.values())
-        require("rank", self.params.rank, self.params.rank <= smallest,
-                f"at most {smallest}, the smallest dimension of an adapted weight (MiLoRA takes r singular components)")
+        layers = lora_layers(model)  # the rank fits every one of them (LoRA.check_shapes)
         tensors, _ = self.run_statistics(ctx, FACTORS_FILE, lambda: self.build_factors(layers), "svd_seconds",
                                          "factors_reused")
         for name, layer in layers.items():

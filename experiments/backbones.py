@@ -134,12 +134,14 @@ def require_available(bb: Any) -> None:
                           f"not: {type(exc).__name__}); {how}", BackboneError) from None
 
 
-def preflight_backbone(bb: Any) -> None:
-    """Check the backbone's target modules on a weightless (meta-device) model built from its config."""
+def preflight_backbone(bb: Any) -> torch.nn.Module:
+    """A weightless (meta-device) model built from the backbone's config, its target modules checked: what a method
+    checks its hyperparameters against before any weight is loaded (`Method.check_model`)."""
     config = AutoConfig.from_pretrained(resolve_path(bb.path), revision=bb.revision, trust_remote_code=bb.trust_remote_code)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=bb.trust_remote_code)
     check_target_modules(skeleton, list(bb.target_modules))
+    return skeleton
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -19,6 +19,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+from hydra.core.config_search_path import SearchPathQuery
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from experiments import exit_codes
 from experiments.validation import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,9 +42,6 @@ class CommandLineError(ConfigError):
 
 
 def _loader(config_dir: str | None):
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_automatic_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
 
     search_path = create_automatic_config_search_path(str(REPO / "run.py"), None, "conf")
     if config_dir is not None:
@@ -64,12 +72,10 @@ def _options_line(value: str, options: Sequence[str], what: str) -> str:
 
 def _reworded(exc: Exception, overrides: Sequence[str], loader, config_name: str) -> str:
     """One line for a composition error of Hydra's."""
-    from hydra.errors import MissingConfigException, OverrideParseException
 
     text = "\n".join(str(e).strip() for e in (exc, exc.__cause__) if e is not None)
     first = text.splitlines()[0] if text else type(exc).__name__
     if isinstance(exc, OverrideParseException):
-        from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parser = OverridesParser.create()
         for override in overrides:
@@ -108,8 +114,6 @@ def _reworded(exc: Exception, overrides: Sequence[str], loader, config_name: str
 
 def _keys_at(loader, config_name: str, dotted: str) -> list[str] | None:
     """The keys of the default config's node at `dotted` ('' = the root), or None where it is not a mapping."""
-    from hydra.types import RunMode
-    from omegaconf import DictConfig, OmegaConf
 
     try:
         cfg = loader.load_configuration(config_name, [], RunMode.RUN)
@@ -122,8 +126,6 @@ def _keys_at(loader, config_name: str, dotted: str) -> list[str] | None:
 
 
 def _compose(loader, config_name: str, overrides: list[str], mode) -> None:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
         loader.load_configuration(config_name, overrides, mode)
@@ -133,9 +135,6 @@ def _compose(loader, config_name: str, overrides: list[str], mode) -> None:
 
 def check(argv: Sequence[str]) -> None:
     """Raise CommandLineError (one line) when Hydra would refuse the overrides of `run.py ARGV`."""
-    from hydra._internal.utils import get_args_parser
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
 
     args, _ = get_args_parser().parse_known_args(list(argv))
     if args.help or args.hydra_help or args.shell_completion:
@@ -148,8 +147,6 @@ def check(argv: Sequence[str]) -> None:
     overrides = list(args.overrides)
     loader = _loader(args.config_dir)
     if not args.multirun:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.errors import OverrideParseException
 
         try:
             parsed = OverridesParser.create().parse_overrides(overrides)
@@ -160,9 +157,6 @@ def check(argv: Sequence[str]) -> None:
             raise CommandLineError(f"{sweeps[0]} is not allowed: a list of values sweeps; add -m (--multirun)")
         _compose(loader, config_name, overrides, RunMode.RUN)
         return
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
 
     _compose(loader, config_name, overrides, RunMode.MULTIRUN)
     cfg = loader.load_configuration(config_name, overrides, RunMode.MULTIRUN)
@@ -199,8 +193,6 @@ def _group_options(loader, key: str) -> list[str]:
 
 def exit_on_error(argv: Sequence[str]) -> None:
     """:func:`check`, printing `error: ...` and exiting with code 2 on a bad override."""
-    from experiments import exit_codes
-
     try:
         check(argv)
     except CommandLineError as exc:

@@ -19,7 +19,13 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from experiments.evaluation.config import EvalConfig
 from experiments.methods import build_params, hyperparameters, method_class
 from experiments.rerun import resolve_commit
-from experiments.validation import MISSING_VALUE, not_allowed, require
+from experiments.validation import (
+    MISSING_VALUE,
+    is_int,
+    not_allowed,
+    require,
+    require_finite,
+)
 from suite_schema import registry
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -30,6 +36,8 @@ DATA_KINDS = ("math", "choice", "code_problem", "code_instruction")
 BENCHMARK_SPLITS = ("dev", "test")
 HOLDOUT_PARTS = ("dev", "rest")
 RETAINED_KINDS = ("math", "choice")
+#: What `seed` may be: the seeds numpy's global generator takes (torch's and Python's take these and more).
+SEED_RANGE = (0, 2**32 - 1)
 
 
 def train_config(name: str = "default", **overrides: Any) -> "TrainConfig":
@@ -256,6 +264,10 @@ def eval_config(typed: DictConfig) -> EvalConfig:
 
 def _validate(data: dict) -> DictConfig:
     typed = structured(data)
+    require_finite(data)
+    lo, hi = SEED_RANGE
+    require("seed", typed.seed, is_int(typed.seed) and lo <= typed.seed <= hi,
+            f"an integer in [{lo}, {hi}] (the seeds numpy takes)")
     method = typed.method
     require("method", method, isinstance(method, DictConfig) and "name" in method,
             "a method config with `_target_` and `name` (see conf/method/)")
@@ -269,6 +281,8 @@ def _validate(data: dict) -> DictConfig:
 
     tr = typed.train
     require("train.lr", tr.lr, tr.lr >= 0, "a number >= 0")
+    require("train.weight_decay", tr.weight_decay, tr.weight_decay >= 0, "a number >= 0")
+    require("train.max_grad_norm", tr.max_grad_norm, tr.max_grad_norm >= 0, "a number >= 0 (0 = no clipping)")
     require("train.steps", tr.steps, tr.steps >= 0, "an integer >= 0")
     require("train.scheduler", tr.scheduler, tr.scheduler in SCHEDULERS, f"one of {list(SCHEDULERS)}")
     for key in ("batch_size", "grad_accum", "max_length", "checkpoint_every", "keep_checkpoints", "log_every", "num_threads",

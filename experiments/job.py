@@ -128,7 +128,7 @@ def run(cfg: DictConfig) -> dict:
 
     method: Method = build_method(typed.method)
     require_available(typed.backbone)
-    preflight_backbone(typed.backbone)
+    method.check_model(preflight_backbone(typed.backbone), list(typed.backbone.target_modules))
     benchmark = build_benchmark(typed.benchmark)
     with run_lock.hold(run_dir, wait=typed.wait_if_running):
         reason = rerun.requested(typed.rerun_before, run_dir)

@@ -185,9 +185,19 @@ class Method:
     # -- shared prepare steps ----------------------------------------------------------------------
     def resolve_targets(self, model: torch.nn.Module, ctx: RunContext) -> list[str]:
         """The module names this run adapts (`method.target_modules`, else the backbone's), checked on `model`."""
-        targets = list(getattr(self.params, "target_modules", None) or ctx.target_modules)
+        return self.check_model(model, list(ctx.target_modules))
+
+    def check_model(self, model: torch.nn.Module, backbone_targets: list[str]) -> list[str]:
+        """The module names this run adapts (`method.target_modules`, else `backbone_targets`), checked on `model`, a
+        loaded or a weightless (meta-device) one: each names a Linear, and the shapes allow the hyperparameters
+        (`check_shapes`)."""
+        targets = list(getattr(self.params, "target_modules", None) or backbone_targets)
         check_target_modules(model, targets, key="method.target_modules")
+        self.check_shapes(model, targets)
         return targets
+
+    def check_shapes(self, model: torch.nn.Module, targets: list[str]) -> None:
+        """Raise `MethodConfigError` for a hyperparameter the shapes of `model`'s `targets` rule out (none here)."""
 
     @contextmanager
     def timed(self, cost: str) -> Iterator[None]:
@@ -290,6 +300,17 @@ class BaseMethod(Method):
         """The base has no update: every scale gives the base."""
 
 
+def require_rank_fits(model: torch.nn.Module, targets: list[str], rank: int, key: str = "rank") -> None:
+    """Refuse `method.<key>=rank` above the width of an adapted layer, the smaller of its in and out features: an
+    update `B A` of that layer has at most that rank, and the extra rows would only cost memory."""
+    widths = [(min(m.in_features, m.out_features), name, m) for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets]
+    if widths:
+        width, name, layer = min(widths, key=lambda w: w[0])
+        require(key, rank, rank <= width, f"at most {width}, the width of the adapted layer {name} "
+                f"({layer.in_features} in, {layer.out_features} out)")
+
+
 def method_class(target: str) -> type[Method]:
     """The Method subclass a `_target_` names (MethodConfigError when it cannot be imported or is not one)."""
     try:
@@ -319,6 +340,7 @@ def build_params(cls: type[Method], values: dict) -> MethodParams:
     if missing:
         require(missing[0], validation.MISSING_VALUE, False,
                 f"a value; {cls.__qualname__} needs {allowed} (values live in conf/method/<name>.yaml)")
+    validation.require_finite(values, "method", MethodConfigError)
     return cls.Params(**values)
 
 

@@ -9,6 +9,7 @@ run would.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import signal
 import time
@@ -25,6 +26,7 @@ from experiments.checkpoints import resume, save_checkpoint
 from experiments.config import TrainConfig
 from experiments.methods import Method, RunContext
 from experiments.progress import progress_bar
+from experiments.stopped_time import StoppedTime
 
 log = logging.getLogger("suite.train")
 
@@ -39,9 +41,20 @@ class Preempted(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
 
+class Diverged(RuntimeError):
+    """The loss or the gradient norm of a step became nan or infinite: training stopped at that step, before its
+    checkpoint (what the step's update made of the model is nan too, or will be)."""
+
+    def __init__(self, step: int, what: str, value: float, lr: float, configured_lr: float) -> None:
+        kind = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        super().__init__(f"{what} became {kind} at step {step} (lr {lr:.3g} at this step, train.lr={configured_lr:g})")
+        self.step = step
+
+
 @dataclass
 class TrainResult:
-    """What training did: steps, per-step losses (mean SFT loss over the step's micro-batches), time, tokens."""
+    """What training did: steps, per-step losses (mean SFT loss over the step's micro-batches), time (the steps' wall
+    time, less any time the process was stopped: `experiments.stopped_time`), tokens."""
 
     steps: int
     losses: list[float] = field(default_factory=list)
@@ -162,7 +175,8 @@ def train(
     runs as at most `cfg.length_groups` right-padded groups of similar length, with logits only at target
     positions (`experiments.batching`: the same loss). Resumes from the newest intact checkpoint in `ctx.run_dir`
     when one exists (broken ones are moved aside: `experiments.checkpoints.resume`). Raises `Preempted` after
-    saving a checkpoint on a signal.
+    saving a checkpoint on a signal, and `Diverged` (saving nothing) at the first step whose loss or gradient norm
+    is nan or infinite.
     `cfg` is a `TrainConfig` whose batch size and accumulation are set (`experiments.config.resolved_train`).
     """
     if cfg.batch_size is None or cfg.grad_accum is None:
@@ -207,9 +221,9 @@ def train(
 
     model.train()
     bar = progress_bar(total=steps, initial=start, desc=f"train {method.name}", disable=not cfg.progress, dynamic_ncols=True)
-    with SignalFlag() as flag:
+    with SignalFlag() as flag, StoppedTime() as stopped:
         for step in range(start + 1, steps + 1):
-            t0 = time.perf_counter()
+            t0, stopped0 = time.perf_counter(), stopped.seconds
             ctx.step = step
             optimizer.zero_grad(set_to_none=True)
             # The step's loss is summed on the device (float64, as a Python float sum would be) and read once, at the
@@ -232,14 +246,19 @@ def train(
                     part = loss.detach().double() / grad_accum
                     step_total = part if step_total is None else step_total + part
                 result.tokens_seen += groups.tokens
-            if cfg.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            # max_grad_norm 0 (no clipping): an infinite bound scales nothing, and the norm is still measured
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or math.inf)
+            lr = sched.get_last_lr()[0]
             optimizer.step()
             sched.step()
             method.after_step(model, ctx)
-            step_loss = step_total.item()
+            step_loss, norm = torch.stack((step_total, grad_norm.to(step_total))).tolist()  # the step's one read
+            for what, value in (("loss", step_loss), ("gradient norm", norm)):
+                if not math.isfinite(value):
+                    bar.close()
+                    raise Diverged(step, what, value, lr, cfg.lr)
             result.losses.append(step_loss)
-            result.train_seconds += time.perf_counter() - t0
+            result.train_seconds += max(0.0, time.perf_counter() - t0 - (stopped.seconds - stopped0))
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.4f}")
             if log_fn and (step % cfg.log_every == 0 or step == steps):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -27,6 +28,7 @@ from experiments.data.mbpp_conversion import mbpp_to_humaneval
 from experiments.validation import ConfigError
 
 _SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 class DataError(ConfigError):
@@ -42,22 +44,18 @@ def resolve_local_file(source: str, split: str, files: Optional[dict[str, str]] 
     """The file holding `split` under a local `source` (a file is returned as is).
 
     In a directory, `files[split]` names the file when given; else `<split>.jsonl`, `<split>.json`,
-    `<split>.jsonl.gz` or `<split>.json.gz` is used.
+    `<split>.jsonl.gz` or `<split>.json.gz` is used. A path that is not a regular file (a folder where a file is
+    expected, a FIFO, a dangling or looping link) is a `DataError` saying what it is.
     """
     path = Path(source).expanduser()
-    if not path.exists():
-        raise DataError(f"local data path {str(path)!r} does not exist")
-    if path.is_file():
-        return path
+    if not path.is_dir():
+        return _regular_file(path, "local data path")
     if files and split in files:
-        candidate = path / files[split]
-        if not candidate.is_file():
-            raise DataError(f"split {split!r}: file {str(candidate)!r} does not exist")
-        return candidate
+        return _regular_file(path / files[split], f"split {split!r}: file")
     for suffix in _SUFFIXES:
         candidate = path / f"{split}{suffix}"
-        if candidate.is_file():
-            return candidate
+        if candidate.exists() or candidate.is_symlink():
+            return _regular_file(candidate, f"split {split!r}: file")
     present = sorted(p.name for p in path.iterdir())
     raise DataError(
         f"no file for split {split!r} in {str(path)!r}; expected {split}.jsonl/.json[.gz] "
@@ -65,23 +63,69 @@ def resolve_local_file(source: str, split: str, files: Optional[dict[str, str]] 
     )
 
 
-def read_records(path: Path) -> list[dict]:
-    """All records of a JSON list or JSON-lines file (gzip allowed)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        text = fh.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        records = json.loads(stripped)
+def _regular_file(path: Path, what: str) -> Path:
+    """`path` when it is a regular file (or a link to one), else a `DataError`: `<what> '<path>' <what it is>`."""
+    if path.is_file():
+        return path
+    if path.is_dir():
+        problem = "is a folder, not a data file"
+    elif path.exists():
+        problem = "is not a regular file (a FIFO, socket or device)"
+    elif path.is_symlink():
+        problem = "is a symbolic link that leads nowhere (dangling, or a loop)"
     else:
-        records = []
+        problem = "does not exist"
+    raise DataError(f"{what} {str(path)!r} {problem}")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of a data file, decompressed when its name ends in .gz; a file that cannot be read (or
+    decompressed) whole is a `DataError` naming it."""
+    try:
+        if path.suffix != ".gz":
+            return path.read_bytes()
+        with gzip.open(path, "rb") as fh:
+            return fh.read()
+    except EOFError:
+        raise DataError(f"{path}: the gzip data ends early: the file's {path.stat().st_size} bytes stop before its "
+                        "end-of-stream marker (a truncated copy?)") from None
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise DataError(f"{path}: not readable as gzip ({exc})") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def located_records(path: Path) -> list[tuple[str, dict]]:
+    """Each record of a JSON list or JSON-lines file (gzip allowed) with where it is: `<file>:<line>` (JSON
+    lines) or `<file>: item <i>` (a JSON list, from 1). Bytes that are not UTF-8, text that is not JSON, and a
+    record that is not a JSON object are `DataError`s naming the file and the line (and byte or column)."""
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        where = " of the decompressed data" if path.suffix == ".gz" else ""
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {exc.start}{where}: {exc.reason})") from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not a valid JSON list ({exc.msg}: column {exc.colno}; "
+                            "a truncated copy?)") from None
+        located = [(f"{path}: item {i}", item) for i, item in enumerate(items, 1)]
+    else:
+        located = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    located.append((f"{path}:{lineno}", json.loads(line)))
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-    return records
+    for where, record in located:
+        if not isinstance(record, dict):
+            kind = _JSON_TYPES.get(type(record), type(record).__name__)
+            raise DataError(f"{where}: a record must be a JSON object, not a JSON {kind} ({record!r:.60})")
+    return located
 
 
 def _hub_records(source: str, split: str, hub_config: Optional[str]) -> list[dict]:
@@ -91,14 +135,15 @@ def _hub_records(source: str, split: str, hub_config: Optional[str]) -> list[dic
 
 def raw_records(
     source: str, split: str, hub_config: Optional[str] = None, files: Optional[dict[str, str]] = None
-) -> list[dict]:
-    """Unnormalised records of one split, from a local path or the hub; empty splits are an error."""
+) -> list[tuple[str, dict]]:
+    """Unnormalised records of one split, from a local path or the hub, each with where it is (`located_records`;
+    `hub:<id>[<split>] row <i>`); empty splits are an error."""
     if is_local(source):
         path = resolve_local_file(source, split, files)
-        records = read_records(path)
+        records = located_records(path)
         where = str(path)
     else:
-        records = _hub_records(source, split, hub_config)
+        records = [(f"hub:{source}[{split}] row {i}", r) for i, r in enumerate(_hub_records(source, split, hub_config))]
         where = f"hub:{source}"
     if not records:
         raise DataError(f"dataset {where!r} split {split!r} is empty")
@@ -143,7 +188,10 @@ def normalise_choice(record: dict, where: str = "choice") -> dict:
 def normalise_code_problem(record: dict, where: str = "code") -> dict:
     """HumanEval record as is; MBPP record (`text`/`prompt` + `test_list`) converted to HumanEval format."""
     if "test_list" in record:
-        return mbpp_to_humaneval(record)
+        try:
+            return mbpp_to_humaneval(record)
+        except (KeyError, TypeError, ValueError, AttributeError, SyntaxError) as exc:
+            raise DataError(f"{where}: an MBPP record that cannot be converted ({type(exc).__name__}: {exc})") from None
     _require(record, ("task_id", "prompt", "canonical_solution", "test", "entry_point"), "HumanEval", where)
     return {k: record[k] for k in ("task_id", "prompt", "canonical_solution", "test", "entry_point")}
 
@@ -175,9 +223,8 @@ def load(
     """Load and normalise one split of a dataset of `kind` (math, choice, code_problem, code_instruction)."""
     if kind not in NORMALISERS:
         raise DataError(f"dataset kind {kind!r} is unknown; allowed: {sorted(NORMALISERS)}")
-    where = f"{source}[{split}]"
     normalise = NORMALISERS[kind]
-    return [normalise(r, where) for r in raw_records(source, split, hub_config, files)]
+    return [normalise(r, where) for where, r in raw_records(source, split, hub_config, files)]
 
 
 def load_math(source: str, split: str, **kw: Any) -> list[dict]:

@@ -77,8 +77,8 @@ def test_on_a_real_device_only_tensors_off_the_cpu_count():
 
 @pytest.mark.slow
 def test_command_line_counts_one_read_per_step_in_the_loop(tmp_path, monkeypatch):
-    """`python -m bench.host_syncs` on micro: the suite's own code reads one value per training step (the step's
-    loss) whatever the number of length groups; before, it read 18 (per length group: the loss, the token count,
+    """`python -m bench.host_syncs` on micro: the suite's own code reads once per training step (the step's loss
+    and gradient norm, together) whatever the number of length groups; before, it read 18 (per length group: the loss, the token count,
     the logit positions, and three blocking copies)."""
     monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "host_syncs.json"
@@ -88,7 +88,7 @@ def test_command_line_counts_one_read_per_step_in_the_loop(tmp_path, monkeypatch
     assert lora["method"] == "lora" and lora["steps"] == 2 and lora["emulated_device"]
     direct = [r for r in lora["by_origin"] if " via " not in r["origin"]]
     assert [(r["call"], r["origin"].split(":")[0], r["count"]) for r in direct] == [
-        ("item", "experiments/train.py", 2)]
+        ("tolist", "experiments/train.py", 2)]
     assert lora["direct_per_step"] == 1.0
     assert lora["per_step"] == lora["direct_per_step"] + lora["via_libraries_per_step"]
 

@@ -84,8 +84,8 @@ def test_run_id_ignores_presentation_keys_and_tracks_science():
 @pytest.mark.slow
 def test_unknown_method_lists_valid_names():
     proc = run_cli(["method=nosuch", "--cfg", "job"], timeout=120)
-    assert proc.returncode != 0
-    assert "Could not find 'method/nosuch'" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("error: method=nosuch is not allowed: one of ")
     for name in METHODS:
         assert name in proc.stderr
 
@@ -93,7 +93,7 @@ def test_unknown_method_lists_valid_names():
 @pytest.mark.slow
 def test_unknown_backbone_lists_valid_names():
     proc = run_cli(["backbone=nosuch", "--cfg", "job"], timeout=120)
-    assert proc.returncode != 0 and "Could not find 'backbone/nosuch'" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: backbone=nosuch is not allowed: one of ")
     assert "qwen3-8b" in proc.stderr and "micro" in proc.stderr
 
 
@@ -217,3 +217,60 @@ def test_train_defaults_are_written_in_one_place():
 
 def test_any_eval_key_overrides_without_plus():
     assert validate_config(composed("eval.max_items_per_domain=30", "backbone.revision=abc")).eval.max_items_per_domain == 30
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """`experiments.job.run` with every loader replaced by one that fails the test: a refusal must come first."""
+    from experiments import job
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a refused config loaded something")
+
+    for name in ("load_backbone", "load_model", "build_benchmark", "train"):
+        monkeypatch.setattr(job, name, loaded)
+    return job.run
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=nan", "train.lr=nan is not allowed: a finite number"),
+    ("train.lr=inf", "train.lr=inf is not allowed: a finite number"),
+    ("train.max_grad_norm=nan", "train.max_grad_norm=nan is not allowed: a finite number"),
+    ("train.weight_decay=-1", "train.weight_decay=-1.0 is not allowed: a number >= 0"),
+    ("train.max_grad_norm=-1", "train.max_grad_norm=-1.0 is not allowed: a number >= 0 (0 = no clipping)"),
+    ("method.gate_temperature=inf", "method.gate_temperature=inf is not allowed: a finite number"),
+    ("eval.scales=[0.5,nan]", "eval.scales[1]=nan is not allowed: a finite number"),
+    ("seed=18446744073709551616", ("seed=18446744073709551616 is not allowed: an integer in [0, 4294967295] "
+                                   "(the seeds numpy takes)")),
+    ("seed=-1", "seed=-1 is not allowed: an integer in [0, 4294967295] (the seeds numpy takes)"),
+    ("method.rank=1000000", ("method.rank=1000000 is not allowed: at most 192, the width of the adapted layer "
+                             "model.layers.0.self_attn.q_proj (192 in, 192 out)")),
+])
+def test_values_no_run_can_use_are_refused_in_one_line_before_anything_loads(nothing_loads, tmp_path, override,
+                                                                           message):
+    with pytest.raises(ConfigError) as info:
+        nothing_loads(composed(override, f"run_root={tmp_path}"))
+    assert str(info.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_method_built_without_the_config_refuses_non_finite_values():
+    with pytest.raises(MethodConfigError, match=r"^method.alpha=nan is not allowed: a finite number$"):
+        build_named("lora", alpha=float("nan"))
+
+
+def test_a_rank_above_a_layers_width_is_refused_on_the_loaded_model_too(tiny_backbone_dir, tmp_path):
+    """Where no weightless model was checked first (a method prepared directly), `prepare` refuses the rank before
+    adapting anything."""
+    from experiments.backbones import load_backbone
+    from experiments.methods import RunContext
+    from tests.conftest import backbone_config
+
+    bb = backbone_config(tiny_backbone_dir, target_modules=["q_proj", "k_proj"])
+    model, tok = load_backbone(bb)
+    ctx = RunContext(tokenizer=tok, benchmark=None, run_dir=tmp_path, target_modules=list(bb.target_modules))
+    build_named("lora", rank=16).prepare(model, ctx)  # k_proj maps 32 to 16: rank 16 fits
+    model, _ = load_backbone(bb)
+    with pytest.raises(MethodConfigError, match=r"^method.rank=17 is not allowed: at most 16, the width of the "
+                                                r"adapted layer model.layers.0.self_attn.k_proj \(32 in, 16 out\)$"):
+        build_named("lora", rank=17).prepare(model, ctx)

@@ -205,3 +205,19 @@ def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
     log = next((tmp_path / "runs").glob("*/run.log")).read_text()
     assert "[run] " in log and "lora on micro/micro" in log and "[run] failed: RuntimeError: boom at step 2" in log
     assert "Traceback" in log and "[run] failed" not in proc.stdout  # the traceback goes to the file, not twice to the console
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_the_run_at_that_step_recorded_failed_in_one_line(overrides, tmp_path):
+    args = ["method=lora", "+method.explode_at=3", "method._target_=tests.experiments.exploding_method.NanLossLoRA",
+            *overrides(tmp_path / "runs", **{"train.checkpoint_every": "1", "train.keep_checkpoints": "5"})]
+    proc = run_cli(args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("failed: loss became nan at step 3 (lr "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    rec = record_of(tmp_path / "runs")
+    assert rec["status"] == "failed" and rec["phase"] == "train", rec
+    assert rec["error"]["type"] == "Diverged" and rec["error"]["message"].startswith("loss became nan at step 3 (lr ")
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
+    assert not (run_dir / "export").exists()  # nothing after training ran

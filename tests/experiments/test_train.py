@@ -2,9 +2,12 @@
 
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from baselines.lora import LoRA
 from experiments.backbones import load_backbone
@@ -14,6 +17,7 @@ from experiments.methods import RunContext, build_named
 from experiments.prompts import code_instruction_prompt, encode_pair
 from experiments.train import (
     DataStream,
+    Diverged,
     Preempted,
     seed_everything,
     train,
@@ -172,3 +176,69 @@ def test_with_every_checkpoint_broken_the_run_trains_from_scratch(tiny_backbone_
         again = run_train(model, method, examples, ctx, tok, steps=4)
     assert again.resumed_from is None and again.losses == straight.losses
     assert len(caplog.records) == 2 and all("is broken: " in r.getMessage() for r in caplog.records)
+
+
+class BreaksAt(LoRA):
+    """LoRA whose step `at_step` goes wrong: a nan loss term (`part="loss"`), or an infinite gradient under a finite
+    loss (`part="gradient"`)."""
+
+    def __init__(self, at_step, part, **kw):
+        super().__init__(build_named("lora", **kw).params)
+        self.at_step, self.part = at_step, part
+
+    def extra_loss(self, model, batch, ctx):
+        if ctx.step != self.at_step:
+            return None
+        weight = next(p for p in model.parameters() if p.requires_grad)
+        if self.part == "loss":
+            return weight.sum() * float("nan")
+        weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))  # training stops at this step
+        return weight.sum() * 0.0
+
+
+def train_every_step_saved(model, method, examples, ctx, **kw):
+    """Six steps at a constant learning rate, with every step's checkpoint kept."""
+    return train(model, method, examples, ctx, train_config(steps=6, batch_size=4, grad_accum=2, warmup_steps=0,
+                                                            scheduler="constant", checkpoint_every=1,
+                                                            keep_checkpoints=10, progress=False, **kw))
+
+
+@pytest.mark.trains
+@pytest.mark.parametrize("part, max_grad_norm, message", [
+    ("loss", 1.0, r"^loss became nan at step 3 \(lr 0.005 at this step, train.lr=0.005\)$"),
+    ("gradient", 0.0, r"^gradient norm became inf at step 3 \(lr 0.005 at this step, train.lr=0.005\)$"),
+])
+def test_a_nan_loss_or_gradient_stops_training_at_that_step_without_its_checkpoint(tiny_backbone_dir, tmp_path, part,
+                                                                                   max_grad_norm, message):
+    """Step 3 goes wrong: training stops there (no step 4 begins), keeps the checkpoints of steps 1 and 2, writes none
+    of step 3, and says what became what; with clipping off (max_grad_norm 0) the gradient norm is measured all the
+    same."""
+    model, method, examples, ctx, _ = setup(tiny_backbone_dir, tmp_path, BreaksAt(3, part, rank=4, alpha=8))
+    with pytest.raises(Diverged, match=message) as info:
+        train_every_step_saved(model, method, examples, ctx, lr=5e-3, max_grad_norm=max_grad_norm)
+    assert info.value.step == 3 and ctx.step == 3
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]
+
+
+class StoppedAt(LoRA):
+    """LoRA that stops its own process (SIGSTOP) after a given step; a helper process continues it `seconds` later."""
+
+    def __init__(self, at_step, seconds, **kw):
+        super().__init__(build_named("lora", **kw).params)
+        self.at_step, self.seconds = at_step, seconds
+
+    def after_step(self, model, ctx):
+        if ctx.step == self.at_step:
+            subprocess.Popen(["sh", "-c", f"sleep {self.seconds}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@pytest.mark.trains
+@pytest.mark.slow  # starts a helper process
+def test_training_time_leaves_out_the_time_the_process_was_stopped(tiny_backbone_dir, tmp_path):
+    model, method, examples, ctx, tok = setup(tiny_backbone_dir, tmp_path, StoppedAt(2, 2.0, rank=4, alpha=8))
+    t0 = time.perf_counter()
+    result = run_train(model, method, examples, ctx, tok, steps=3)
+    wall = time.perf_counter() - t0
+    assert wall > 2.0 and 0 < result.train_seconds < wall - 1.8, (wall, result.train_seconds)
+    assert signal.getsignal(signal.SIGCONT) == signal.SIG_DFL and signal.set_wakeup_fd(-1) == -1  # all restored

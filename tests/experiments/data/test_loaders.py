@@ -1,6 +1,9 @@
 """The real loaders on the real datasets in ../shared/data, and their failure modes."""
 
+import gzip
 import json
+import os
+import re
 
 import pytest
 
@@ -77,3 +80,65 @@ def test_wrong_schema_names_missing_keys(tmp_path):
     (tmp_path / "test.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
     with pytest.raises(DataError, match=r"lacks \['question', 'answer'\]"):
         load_math(str(tmp_path), "test")
+
+
+# -- a damaged data file is a DataError naming the file and where in it (run.py: one line, exit code 2)
+INSTRUCTIONS = [{"instruction": f"task {i}", "response": f"answer {i}"} for i in range(3)]
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+FIRST_LINE = len(_jsonl(INSTRUCTIONS[:1]))  # bytes
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("train.json", json.dumps(INSTRUCTIONS, indent=1).encode()[:-12],
+     "train.json:12: not a valid JSON list (Unterminated string starting at: column 15; a truncated copy?)"),
+    ("train.jsonl.gz", gzip.compress(_jsonl(INSTRUCTIONS))[:30],
+     "train.jsonl.gz: the gzip data ends early: the file's 30 bytes stop before its end-of-stream marker"),
+    ("train.jsonl.gz", _jsonl(INSTRUCTIONS), "train.jsonl.gz: not readable as gzip (Not a gzipped file"),
+    ("train.jsonl", _jsonl(INSTRUCTIONS[:1]) + b'{"instruction": "caf\xe9", "response": "x"}\n',
+     f"train.jsonl:2: not UTF-8 text (byte {FIRST_LINE + 20}: invalid continuation byte)"),
+    ("train.jsonl.gz", gzip.compress(_jsonl(INSTRUCTIONS[:1]) + b'{"instruction": "\xff"}\n'),
+     f"train.jsonl.gz:2: not UTF-8 text (byte {FIRST_LINE + 17} of the decompressed data: invalid start byte)"),
+    ("train.jsonl", _jsonl(INSTRUCTIONS[:2]) + b"[1, 2]\n",
+     "train.jsonl:3: a record must be a JSON object, not a JSON array ([1, 2])"),
+    ("train.json", json.dumps([*INSTRUCTIONS, "text"]).encode(),
+     "train.json: item 4: a record must be a JSON object, not a JSON string ('text')"),
+], ids=["truncated-json-list", "truncated-gz", "not-gz", "invalid-utf8", "invalid-utf8-in-gz", "list-line",
+        "string-item"])
+def test_a_damaged_data_file_names_the_file_and_where(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path}/{message}")):
+        load_code_instructions(str(tmp_path), "train")
+
+
+def test_a_record_missing_a_key_names_its_file_and_line(tmp_path):
+    (tmp_path / "train.jsonl").write_bytes(_jsonl(INSTRUCTIONS) + b'\n{"instruction": "no answer"}\n')
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path}/train.jsonl:5: a code instruction record lacks")):
+        load_code_instructions(str(tmp_path), "train")
+
+
+def test_an_mbpp_record_that_cannot_be_converted_names_its_item(tmp_path):
+    (tmp_path / "test.json").write_text(json.dumps([{"task_id": 11, "test_list": ["assert f(1) == 1"]}]))
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path}/test.json: item 1: an MBPP record that cannot be "
+                                                  "converted (KeyError")):
+        load_code_problems(str(tmp_path), "test")
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: p.mkdir(), "is a folder, not a data file"),
+    (lambda p: os.mkfifo(p), "is not a regular file (a FIFO, socket or device)"),
+    (lambda p: p.symlink_to(p), "is a symbolic link that leads nowhere (dangling, or a loop)"),
+], ids=["folder", "fifo", "symlink-loop"])
+def test_a_data_path_that_is_not_a_file_says_what_it_is(tmp_path, make, what):
+    make(tmp_path / "train.jsonl")
+    with pytest.raises(DataError, match=re.escape(f"split 'train': file '{tmp_path}/train.jsonl' {what}")):
+        load_code_instructions(str(tmp_path), "train")
+    with pytest.raises(DataError, match=re.escape(f"split 'train': file '{tmp_path}/train.jsonl' {what}")):
+        load_code_instructions(str(tmp_path), "train", files={"train": "train.jsonl"})
+    if what.startswith("is not"):  # the source itself: a FIFO is not taken for a folder
+        with pytest.raises(DataError, match=re.escape(f"local data path '{tmp_path}/train.jsonl' {what}")):
+            load_code_instructions(str(tmp_path / "train.jsonl"), "train")
