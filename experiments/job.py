@@ -154,6 +154,7 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             if dom.dropped_calibration:
                 log.info("%s: %d calibration items dropped (their question is in the dev or test split)",
                          dom.name, dom.dropped_calibration)
+        _set_aside_unreadable(run_id, run_dir)
         _clear_a_killed_attempt(run_id, run_dir)
         started = datetime.now(timezone.utc)
         science = run_identity.scientific_config(resolved)
@@ -183,12 +184,20 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             return job.run()
 
 
+def _set_aside_unreadable(run_id: str, run_dir: Path) -> None:
+    """Under the run's lock: move aside each record file that is no record of this run instead of writing over it
+    (`records.set_aside_unreadable`), one line each."""
+    for moved, why in records.set_aside_unreadable(run_dir, run_id):
+        log.warning("%s: %s is no record of this run (%s); moved aside to %s, running the run again", run_id,
+                    moved.with_name(layout.RECORD_NAME), why, moved.name)
+
+
 def _clear_a_killed_attempt(run_id: str, run_dir: Path) -> None:
     """Under the run's lock, no other process writes this run: a `running` record is what a killed attempt
     (SIGKILL, out of memory, a lost node) left, and its temporary files were never results. Say so and remove them."""
     previous = records.read_record(run_dir)
     if previous and previous.get("status") == layout.STATUS_RUNNING:
-        proc = previous.get("process") or {}
+        proc = records.part(previous, "process")
         log.info("%s: the previous attempt (pid %s on %s, started %s) stopped without a record (killed?); starting "
                  "again", run_id, proc.get("pid", "?"), proc.get("host", "?"), previous.get("started", "?"))
     partial = records.partial_files(run_dir)

@@ -437,9 +437,9 @@ def mark_still_queued(plan: Sequence[PlannedRun]) -> None:
             continue
         try:
             marker = json.loads((Path(run.run_dir) / SLURM_MARKER).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # none, or not UTF-8 JSON
             continue
-        if marker.get("job_id"):
+        if isinstance(marker, dict) and marker.get("job_id"):
             markers[run.index] = str(marker["job_id"])
     live = live_slurm_jobs(sorted(set(markers.values())))
     for run in plan:

@@ -244,3 +244,29 @@ def test_parallel_jobs_on_a_gpu_machine_are_warned_that_they_share_its_gpus(gpus
     out = capsys.readouterr().out
     assert "running 0 job(s), 2 at a time" in out
     assert ("share this machine's 2 GPU(s)" in out) == (gpus > 0), out
+
+
+def run_id_of(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.job import run_id_for
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run_id_for(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.slow
+def test_a_sweep_moves_an_unreadable_record_aside_and_runs_the_run_again(overrides, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["method=base", *overrides(runs)]
+    bad = runs / run_id_of(*args, "seed=0") / "record.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("[1, 2]")
+    proc = run_cli(["-m", "seed=0,1", *args])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[sweep] 2 run(s): 2 to run" in proc.stdout, sweep_lines(proc.stdout)
+    assert f"{bad} is no record of this run (it holds a JSON array, not an object); moved aside to " \
+           "record.json.unreadable-" in proc.stdout
+    assert {state for state, _ in summary_rows(proc.stdout).values()} == {"done"}
+    assert [p.read_text() for p in bad.parent.glob("record.json.unreadable-*")] == ["[1, 2]"]
+    assert json.loads(bad.read_text())["status"] == "complete"
