@@ -19,6 +19,7 @@ def main(cfg: DictConfig) -> None:
     # here, not at the top: `python run.py --help` and `--cfg job` stay fast without the runtime (torch)
     from experiments import exit_codes
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
+    from experiments.run_dir import RunDirError
     from experiments.run_lock import RunBusyError
     from experiments.failure import SignalInterrupt
     from experiments.train import Preempted
@@ -27,7 +28,8 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
-        discard_rejected_run_dir()
+        if not isinstance(exc, RunDirError):  # a folder not the run's own is left as it is
+            discard_rejected_run_dir()
         sys.exit(exit_codes.BAD_CONFIG)
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -43,6 +43,7 @@ from experiments.log import console, run_log
 from experiments.logger import make_logger
 from experiments.methods import Method, MethodConfigError, RunContext, build_method, method_class
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
+from experiments.run_dir import check_run_dir
 from experiments.train import TrainResult, seed_everything, train
 from experiments.validation import ConfigError
 from suite_schema import layout, run_identity
@@ -64,12 +65,13 @@ def run_id_for(cfg: DictConfig) -> str:
 
 
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
-    """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>."""
-    try:
-        if HydraConfig.initialized():
-            return Path(HydraConfig.get().runtime.output_dir)
-    except ImportError:  # pragma: no cover
-        pass
+    """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>. Raises
+    `RunDirError` when Hydra's is neither <run_root>/<run_id> nor a folder holding this run's record
+    (`experiments.run_dir`): a run writes and cleans only its own directory."""
+    if HydraConfig.initialized():
+        out = Path(HydraConfig.get().runtime.output_dir)
+        check_run_dir(out, typed.run_root, run_id, "hydra.runtime.output_dir", out)
+        return out
     return Path(typed.run_root) / run_id
 
 

@@ -43,7 +43,7 @@ import experiments
 from experiments import exit_codes, records, rerun
 from experiments.log import console
 from experiments.run_id import register_run_id_resolver
-from experiments.validation import ConfigError
+from experiments.validation import ConfigError, not_allowed
 from suite_schema import layout, run_identity
 
 SWEEPS_DIR = ".sweeps"
@@ -111,6 +111,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
 
     ensure_run_id_resolver()
     plan, errors = [], []
+    seen: dict[str, tuple[int, str]] = {}  # run directory (symlinks resolved) -> (job index, run id) of its first job
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
@@ -138,7 +139,12 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         run_dir = Path(sweep_dir) / subdir
         run = PlannedRun(index, list(overrides), run_id, str(run_dir), cfg)
         scales = required_scales(typed)
-        first = next((p for p in plan if p.run_dir == run.run_dir), None)
+        try:
+            check_job_dir(seen, index, run_id, sweep_dir, subdir, typed.run_root)
+        except USER_ERRORS as exc:
+            errors.append((offset, index, exc))
+            continue
+        first = next((p for p in plan if os.path.realpath(p.run_dir) == os.path.realpath(run_dir)), None)
         if first is not None:
             # Overrides that do not change the science (logger, progress, ...) give the same run: run it once.
             run.state, run.reason = DUPLICATE, f"same run (id and directory) as job #{first.index}"
@@ -152,6 +158,24 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
                           "launched:\n" + "\n".join(lines))
     check_backbones(plan)
     return plan
+
+
+def check_job_dir(seen: dict[str, tuple[int, str]], index: int, run_id: str, sweep_dir: str, subdir: str,
+                  run_root: Any) -> None:
+    """Raise the one-line ConfigError of job `index` when its directory `<sweep_dir>/<subdir>` is one an earlier job
+    of another run id got (`seen`: directory, symlinks resolved -> (job index, run id) of its first job; filled in
+    here) or not the run's own (`experiments.run_dir.check_run_dir`)."""
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
+    from experiments.run_dir import check_run_dir
+
+    run_dir = Path(sweep_dir) / subdir
+    first, first_id = seen.setdefault(os.path.realpath(run_dir), (index, run_id))
+    if first_id != run_id:
+        raise not_allowed("hydra.sweep.subdir", subdir, f"one directory per run; jobs #{first} and #{index} are "
+                          f"different runs ({first_id}, {run_id}) but both get {run_dir}")
+    moved_root = os.path.realpath(sweep_dir) != os.path.realpath(str(run_root))
+    key, value = ("hydra.sweep.dir", sweep_dir) if moved_root else ("hydra.sweep.subdir", subdir)
+    check_run_dir(run_dir, run_root, run_id, key, value)
 
 
 def check_backbones(plan: Sequence[PlannedRun]) -> None:

@@ -270,3 +270,30 @@ def test_a_sweep_moves_an_unreadable_record_aside_and_runs_the_run_again(overrid
     assert {state for state, _ in summary_rows(proc.stdout).values()} == {"done"}
     assert [p.read_text() for p in bad.parent.glob("record.json.unreadable-*")] == ["[1, 2]"]
     assert json.loads(bad.read_text())["status"] == "complete"
+
+
+def test_jobs_of_different_runs_never_share_a_directory_and_write_only_into_their_own(tmp_path):
+    from experiments.validation import ConfigError
+
+    root = tmp_path / "runs"
+    seen = {}
+    sweep.check_job_dir(seen, 0, "0123456789abcdef", str(root), "0123456789abcdef", root)
+    sweep.check_job_dir(seen, 1, "0123456789abcdef", str(root), "0123456789abcdef", root)  # a duplicate: run once
+    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='0123456789abcdef' is not allowed: one directory per "
+                                          r"run; jobs #0 and #2 are different runs \(0123456789abcdef, fedcba9876543210\)"):
+        sweep.check_job_dir(seen, 2, "fedcba9876543210", str(root), "0123456789abcdef", root)
+    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='same' is not allowed: a run writes only into its own"):
+        sweep.check_job_dir({}, 0, "fedcba9876543210", str(root), "same", root)
+    with pytest.raises(ConfigError, match=rf"hydra.sweep.dir='{tmp_path / 'other'}' is not allowed"):
+        sweep.check_job_dir({}, 0, "fedcba9876543210", str(tmp_path / "other"), "fedcba9876543210", root)
+
+
+@pytest.mark.slow
+def test_distinct_runs_given_one_directory_are_refused_before_any_run(overrides, tmp_path):
+    proc = run_cli(["-m", "method=base", "seed=0,1", "hydra.sweep.subdir=same", *overrides(tmp_path / "runs")],
+                   timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 of 2 sweep jobs have an invalid config; nothing was launched" in proc.stderr
+    assert "#1 seed=1: hydra.sweep.subdir='same' is not allowed: one directory per run; jobs #0 and #1 are " \
+           "different runs" in proc.stderr, proc.stderr[-3000:]
+    assert "[run]" not in proc.stdout and not (tmp_path / "runs" / "same").exists()
