@@ -32,8 +32,8 @@ class SignalInterrupt(BaseException):
     """SIGTERM or SIGUSR2 arrived outside training, where no other handler takes it (a BaseException, like
     KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+    def __init__(self, signum: int, context: str = "") -> None:
+        super().__init__(f"{signal.Signals(signum).name} {context}".strip())
         self.signum = signum
 
 

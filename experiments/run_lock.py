@@ -4,7 +4,8 @@ Two launches of the same run (a user pressing enter twice, two overlapping sweep
 evaluate, and the record would be whichever finished last. `hold(run_dir)` takes an exclusive lock on
 `<run_dir>/.run.lock` (`filelock.FileLock`: `fcntl.flock` on Unix) for as long as the run works and writes its
 holder (host, pid, start time) into the file as soon as it has the lock; a second launch fails at once with
-`RunBusyError` naming the holder, or waits for it with `wait_if_running=true` (trying again every 0.05 s).
+`RunBusyError` naming the holder, or waits for it with `wait_if_running=true` (trying again every 0.05 s; SIGTERM
+or SIGUSR2 meanwhile raises `SignalInterrupt`, which `run.py` ends with the interrupted exit code, 4).
 The operating system releases the lock when the holding process ends, however it ends (SIGKILL included), so
 the lock of a dead process is never stale and is simply taken over (on local file systems; a network file
 system needs working `flock` locks: where `flock` is missing, acquiring fails with the OS error rather than
@@ -14,6 +15,7 @@ falling back to filelock's marker-file lock, which a killed process would leave 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from contextlib import contextmanager
@@ -24,6 +26,7 @@ from typing import Iterator
 from filelock import FileLock, Timeout
 
 LOCK_NAME = ".run.lock"
+log = logging.getLogger("suite.run")
 
 
 class RunBusyError(RuntimeError):
@@ -38,11 +41,11 @@ def _write_holder(fd: int) -> None:
     os.pwrite(fd, who.encode(), 0)
 
 
-def _holder(path: Path) -> str:
-    """'pid P on HOST (since T)' from the lock file at `path`, or 'another process' where it names none (the
-    holder has the lock but has not written its name yet, or the file is not one of these)."""
+def holder(run_dir: Path) -> str:
+    """'pid P on HOST (since T)': the last holder the run directory's lock file names, or 'another process' where
+    it names none (the holder has the lock but has not written its name yet, or the file is not one of these)."""
     try:
-        who = json.loads(path.read_text())
+        who = json.loads((Path(run_dir) / LOCK_NAME).read_text())
         return f"pid {who['pid']} on {who['host']} (since {who['started']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
@@ -52,17 +55,28 @@ def _holder(path: Path) -> str:
 def hold(run_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold `<run_dir>/.run.lock` exclusively while the block runs (see the module docstring); with `wait`,
     block until the current holder ends instead of raising `RunBusyError`."""
+    # here, not at the top: experiments.failure loads the training loop (torch); the sweep planner imports this module
+    from experiments.failure import SignalInterrupt, interrupts_recorded
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     # The holder's name is written once the lock is held (on_acquired); filelock leaves the file's content to
     # the holder, so a refused launch reads it intact.
-    lock = FileLock(path, blocking=wait, on_acquired=_write_holder, fallback_to_soft=False, preserve_lock_file=True)
+    lock = FileLock(path, on_acquired=_write_holder, fallback_to_soft=False, preserve_lock_file=True)
     try:
-        lock.acquire()
+        lock.acquire(blocking=False)
     except Timeout:
-        raise RunBusyError(f"{run_dir} is being run by {_holder(path)}; this launch stops "
-                           "(wait_if_running=true waits for it to finish instead)") from None
+        if not wait:
+            raise RunBusyError(f"{run_dir} is being run by {holder(run_dir)}; this launch stops "
+                               "(wait_if_running=true waits for it to finish instead)") from None
+        log.info("%s is being run by %s; waiting for it to finish (wait_if_running=true)", run_dir, holder(run_dir))
+        try:
+            with interrupts_recorded():  # a SIGTERM while waiting ends the launch as interrupted, with no record
+                lock.acquire()
+        except SignalInterrupt as exc:
+            raise SignalInterrupt(exc.signum, f"while waiting for {holder(run_dir)} to finish {run_dir}; no record "
+                                              "written") from None
     try:
         yield
     finally:
