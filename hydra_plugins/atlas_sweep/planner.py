@@ -16,7 +16,8 @@ before any job is queued), and its run directory (`<run_root>/<run_id>`) is look
 record is complete are skipped and nothing is queued for them; failed, interrupted or missing
 runs are launched (again). On SLURM, a run whose job from an earlier launch is still queued or
 running is not submitted twice. After the jobs end, a summary names every run as done, skipped,
-failed or interrupted, with the reason read from its run directory; it is printed and written to
+failed, interrupted, busy (another launch held it) or killed (its record still says running), with the reason
+read from its run directory; it is printed and written to
 the sweep folder `<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also
 holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
 
@@ -40,7 +41,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import experiments
-from experiments import exit_codes, records, rerun
+from experiments import exit_codes, records, rerun, run_lock
 from experiments.log import console
 from experiments.run_id import register_run_id_resolver
 from experiments.validation import ConfigError, not_allowed
@@ -54,6 +55,7 @@ SLURM_MARKER = ".slurm_job.json"  # in a run directory: the SLURM job last submi
 
 DONE, SKIPPED, FAILED, INTERRUPTED = "done", "skipped", "failed", "interrupted"
 QUEUED, DUPLICATE, NOT_RUN = "queued", "duplicate", "not run"
+BUSY, KILLED, RUNNING = "busy", "killed", "running"  # another launch held it; the record says running
 # SLURM states of a job that may still run (squeue).
 LIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                      "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
@@ -268,17 +270,30 @@ def _error_line(text: Any, limit: int = 300) -> str:
 
 
 def outcome_of(run: PlannedRun, launch_error: Optional[BaseException] = None) -> tuple[str, str]:
-    """(state, reason) of a launched run, from its run directory's record (the launcher's error if none)."""
+    """(state, reason) of a launched run, from its run directory's record and the launcher's error: `busy` when the
+    job found another launch holding the run (exit code 3), `killed` when the job ended without a result and the
+    record still says `running`, `running` when the record says so and no job of this launch ended (a summary made
+    again later)."""
     record = records.read_record(Path(run.run_dir))
-    if record and record.get("run_id") == run.run_id:
-        status = record.get("status")
-        if status == layout.STATUS_COMPLETE:
-            return DONE, ""
-        if status == layout.STATUS_FAILED:
-            err = record.get("error") or {}
-            return FAILED, f"{err.get('type', 'error')}: {_first_line(err.get('message', ''))}"
-        if status == layout.STATUS_INTERRUPTED:
-            return INTERRUPTED, _first_line((record.get("interrupted") or {}).get("reason", "interrupted"))
+    if record is not None and record.get("run_id") != run.run_id:
+        record = None
+    status = (record or {}).get("status")
+    if status == layout.STATUS_COMPLETE:
+        return DONE, ""
+    if isinstance(launch_error, JobExited) and launch_error.code == exit_codes.RUN_BUSY:
+        return BUSY, f"another launch holds it: {run_lock.holder(Path(run.run_dir))}"
+    if status == layout.STATUS_FAILED:
+        err = records.part(record, "error")
+        return FAILED, f"{err.get('type', 'error')}: {_first_line(err.get('message', ''))}"
+    if status == layout.STATUS_INTERRUPTED:
+        return INTERRUPTED, _first_line(records.part(record, "interrupted").get("reason", "interrupted"))
+    if status == layout.STATUS_RUNNING:
+        proc = records.part(record, "process")
+        said = (f"its record says running (pid {proc.get('pid', '?')} on {proc.get('host', '?')}, started "
+                f"{record.get('started', '?')})")
+        if launch_error is not None:
+            return KILLED, f"{said}, and the job ended without a result ({type(launch_error).__name__})"
+        return RUNNING, f"{said}: still running, or killed (the same command resumes it)"
     if launch_error is not None:
         return FAILED, f"no record; {type(launch_error).__name__}: {_error_line(launch_error)}"
     return FAILED, "no record written (killed, or stopped before its run directory was made; see the job log)"
@@ -302,14 +317,14 @@ def summarise(plan: Sequence[PlannedRun], folder: Optional[Path], launcher: str)
 
 
 def format_summary(summary: dict) -> str:
-    order = [DONE, SKIPPED, QUEUED, DUPLICATE, FAILED, INTERRUPTED, NOT_RUN]
+    order = [DONE, SKIPPED, QUEUED, DUPLICATE, FAILED, KILLED, INTERRUPTED, BUSY, RUNNING, NOT_RUN]
     counts = summary["counts"]
     head = ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
     lines = [f"[sweep] summary: {len(summary['runs'])} run(s): {head}"]
     for row in summary["runs"]:
         job = f" [slurm {row['slurm_job_id']}]" if row.get("slurm_job_id") else ""
         line = f"[sweep]   {row['state']:<11} {row['run_id']}  {row['label']}{job}"
-        if row["state"] in (FAILED, INTERRUPTED, QUEUED, DUPLICATE, NOT_RUN) and row["reason"]:
+        if row["state"] not in (DONE, SKIPPED) and row["reason"]:
             line += f"\n[sweep]               {row['reason']} ({row['run_dir']})"
         lines.append(line)
     if summary.get("sweep_folder"):
@@ -523,7 +538,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {args.folder} is not a sweep folder (no {PLAN_JSON})", file=sys.stderr)
         return 2
     summary = summarise_folder(args.folder)
-    return 0 if not summary["counts"].get(FAILED) else 1
+    return 1 if summary["counts"].get(FAILED) or summary["counts"].get(KILLED) else 0
 
 
 if __name__ == "__main__":

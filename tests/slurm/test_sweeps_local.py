@@ -297,3 +297,42 @@ def test_distinct_runs_given_one_directory_are_refused_before_any_run(overrides,
     assert "#1 seed=1: hydra.sweep.subdir='same' is not allowed: one directory per run; jobs #0 and #1 are " \
            "different runs" in proc.stderr, proc.stderr[-3000:]
     assert "[run]" not in proc.stdout and not (tmp_path / "runs" / "same").exists()
+
+
+def planned(run_dir, run_id="0123456789abcdef"):
+    return sweep.PlannedRun(0, ["seed=0"], run_id, str(run_dir))
+
+
+def write_json(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_the_summary_says_what_the_record_says(tmp_path):
+    from submitit.core.utils import UncompletedJobError
+
+    from experiments import run_lock
+
+    run = planned(tmp_path / "0123456789abcdef")
+    running = {"run_id": run.run_id, "status": "running", "process": {"pid": 77, "host": "node3"},
+               "started": "2026-01-01T00:00:00+00:00"}
+    write_json(tmp_path / run.run_id / "record.json", running)
+    # A job killed outright (SIGKILL, out of memory): its record still says running, submitit's error is the job's
+    # last stderr line.
+    state, reason = sweep.outcome_of(run, UncompletedJobError("Job 12 (task: 0) with path ...\nwarnings.warn("))
+    assert state == "killed" and "its record says running (pid 77 on node3, started 2026-01-01" in reason, reason
+    assert "UncompletedJobError" in reason and "warnings.warn" not in reason
+    state, reason = sweep.outcome_of(run)  # a summary made again later, while it may still be running
+    assert state == "running" and "still running, or killed" in reason
+    # Another launch holds the run (the job exited with code 3): named from the lock file.
+    with run_lock.hold(tmp_path / run.run_id):
+        state, reason = sweep.outcome_of(run, sweep.JobExited(3))
+    assert state == "busy" and reason.startswith(f"another launch holds it: pid {os.getpid()} on "), reason
+    run.state, run.reason = state, reason
+    assert f"[sweep]               {reason} (" in sweep.format_summary(sweep.summarise([run], None, "local"))
+    # A record written by other code may hold anything where the summary looks.
+    write_json(tmp_path / run.run_id / "record.json", {"run_id": run.run_id, "status": "failed", "error": "boom"})
+    assert sweep.outcome_of(run) == ("failed", "error: ")
+    for bad in (b"[1]", b"\xff\xfe", b'{"run_id": '):
+        (tmp_path / run.run_id / "record.json").write_bytes(bad)
+        assert sweep.outcome_of(run)[0] == "failed"
