@@ -21,7 +21,7 @@ def main(cfg: DictConfig) -> None:
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_dir import RunDirError
     from experiments.run_lock import RunBusyError
-    from experiments.failure import SignalInterrupt
+    from experiments.signals import SignalInterrupt
     from experiments.train import Preempted
 
     try:

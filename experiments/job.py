@@ -41,7 +41,7 @@ from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.logger import make_logger
-from experiments.methods import Method, MethodConfigError, RunContext, build_method, method_class
+from experiments.methods import Method, MethodConfigError, RunContext, build_method, required_scales
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
 from experiments.run_dir import check_run_dir
 from experiments.train import TrainResult, seed_everything, train
@@ -93,16 +93,6 @@ def encode_target(benchmark: Benchmark, tokenizer: Any, chat_template: bool, max
                     "differently from the whole text (experiments.prompts.split_boundary); the model is prompted at "
                     "a token boundary its pretraining may not have had", disagree, len(checked))
     return out
-
-
-def required_scales(typed: Any) -> list[float]:
-    """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
-    method that does not train (the base model is the same at every scale)."""
-    try:
-        trains = method_class(typed.method._target_).trains
-    except MethodConfigError:
-        trains = True  # build_method reports an unimportable target with its own message
-    return records.extra_scales(typed.eval.scales) if trains else []
 
 
 def discard_rejected_run_dir() -> None:

@@ -33,7 +33,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
-from experiments import validation
+from experiments import records, validation
 from experiments.activations import load_or_build_site_tensors
 from experiments.backbones import check_target_modules
 from experiments.validation import ConfigError, is_int  # noqa: F401  (is_int: part of the API of a method's Params)
@@ -303,6 +303,16 @@ def method_class(target: str) -> type[Method]:
     require("_target_", target, isinstance(cls, type) and issubclass(cls, Method),
             "a subclass of experiments.methods.Method")
     return cls
+
+
+def required_scales(typed: Any) -> list[float]:
+    """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
+    method that does not train (the base model is the same at every scale)."""
+    try:
+        trains = method_class(typed.method._target_).trains
+    except MethodConfigError:
+        trains = True  # build_method reports an unimportable target with its own message
+    return records.extra_scales(typed.eval.scales) if trains else []
 
 
 def param_names(cls: type[Method]) -> list[str]:

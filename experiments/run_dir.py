@@ -50,7 +50,7 @@ class RunDirCheck(Callback):
         # here, not at the top: Hydra instantiates callbacks on every start; torch loads only when a run starts
         from experiments import exit_codes, rerun
         from experiments.config import validate_config
-        from experiments.job import USER_ERRORS, required_scales
+        from experiments.methods import required_scales
         from suite_schema import run_identity
 
         try:
@@ -64,7 +64,7 @@ class RunDirCheck(Callback):
                 HydraConfig.instance().cfg = previous
             run_dir = Path(os.path.abspath(str(value)))
             check_run_dir(run_dir, typed.run_root, run_id, "hydra.run.dir", value)
-        except USER_ERRORS as exc:
+        except ConfigError as exc:  # the config's own errors (MethodConfigError is one)
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(exit_codes.BAD_CONFIG)
         if records.is_complete(run_dir, run_id, required_scales(typed)) and not rerun.requested(typed.rerun_before,

@@ -25,6 +25,8 @@ from typing import Iterator
 
 from filelock import FileLock, Timeout
 
+from experiments.signals import SignalInterrupt, interrupts_recorded
+
 LOCK_NAME = ".run.lock"
 log = logging.getLogger("suite.run")
 
@@ -55,9 +57,6 @@ def holder(run_dir: Path) -> str:
 def hold(run_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold `<run_dir>/.run.lock` exclusively while the block runs (see the module docstring); with `wait`,
     block until the current holder ends instead of raising `RunBusyError`."""
-    # here, not at the top: experiments.failure loads the training loop (torch); the sweep planner imports this module
-    from experiments.failure import SignalInterrupt, interrupts_recorded
-
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
@@ -70,9 +69,10 @@ def hold(run_dir: Path, wait: bool = False) -> Iterator[None]:
         if not wait:
             raise RunBusyError(f"{run_dir} is being run by {holder(run_dir)}; this launch stops "
                                "(wait_if_running=true waits for it to finish instead)") from None
-        log.info("%s is being run by %s; waiting for it to finish (wait_if_running=true)", run_dir, holder(run_dir))
         try:
             with interrupts_recorded():  # a SIGTERM while waiting ends the launch as interrupted, with no record
+                log.info("%s is being run by %s; waiting for it to finish (wait_if_running=true)", run_dir,
+                         holder(run_dir))
                 lock.acquire()
         except SignalInterrupt as exc:
             raise SignalInterrupt(exc.signum, f"while waiting for {holder(run_dir)} to finish {run_dir}; no record "

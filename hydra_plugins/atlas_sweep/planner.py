@@ -109,7 +109,8 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
     """
     # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.config import validate_config
-    from experiments.job import USER_ERRORS, required_scales
+    from experiments.job import USER_ERRORS
+    from experiments.methods import required_scales
 
     ensure_run_id_resolver()
     plan, errors = [], []
