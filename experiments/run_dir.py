@@ -27,9 +27,19 @@ class RunDirError(ConfigError):
     """The directory a launch was given is not its run's own (another folder, or another run's)."""
 
 
+def check_folder(key: str, value: Any) -> None:
+    """Raise `RunDirError` for `key=value` unless the path `value` is a folder or one can be made there: the first
+    path on the way up from it that exists is a folder (not a file, nor a dangling link)."""
+    path = Path(os.path.abspath(str(value)))
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        raise not_allowed(key, str(value), f"a folder; {existing} is not one", RunDirError)
+
+
 def check_run_dir(run_dir: Path, run_root: Any, run_id: str, key: str, value: Any) -> None:
     """Raise `RunDirError` (naming `key=value`, the setting that chose `run_dir`) unless `run_dir` is
-    `<run_root>/<run_id>` or holds a record of run `run_id`."""
+    `<run_root>/<run_id>` or holds a record of run `run_id`, and `run_root` is a folder (`check_folder`)."""
+    check_folder("run_root", run_root)
     own = Path(str(run_root)) / run_id
     if os.path.realpath(run_dir) == os.path.realpath(own):
         return
@@ -42,9 +52,21 @@ def check_run_dir(run_dir: Path, run_root: Any, run_id: str, key: str, value: An
 
 
 class RunDirCheck(Callback):
-    """Hydra callback of a single run (`python run.py`, not `-m`), called before Hydra makes or writes into the run
-    directory: an invalid config or a directory that is not the run's (`check_run_dir`) ends the launch with its
-    one-line error and exit code 2; for a complete run, Hydra writes no `.hydra/` (`hydra.output_subdir`: null)."""
+    """Hydra callback, called before Hydra makes or writes into any folder. A single run (`python run.py`): an
+    invalid config or a directory that is not the run's (`check_run_dir`) ends the launch with its one-line error and
+    exit code 2; for a complete run, Hydra writes no `.hydra/` (`hydra.output_subdir`: null). A sweep (`-m`): a
+    run root or sweep folder that cannot be a folder ends it the same way (the sweep planner checks each job)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # here, not at the top: Hydra instantiates callbacks on every start
+        from experiments import exit_codes
+
+        try:
+            check_folder("run_root", config.run_root)
+            check_folder("hydra.sweep.dir", _resolved(config, "hydra.sweep.dir"))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(exit_codes.BAD_CONFIG)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # here, not at the top: Hydra instantiates callbacks on every start; torch loads only when a run starts
@@ -56,12 +78,7 @@ class RunDirCheck(Callback):
         try:
             typed = validate_config(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
             run_id = run_identity.run_id_of(OmegaConf.to_container(typed, resolve=True))
-            previous = HydraConfig.instance().cfg
-            HydraConfig.instance().set_config(config)
-            try:
-                value = OmegaConf.select(config, "hydra.run.dir")
-            finally:
-                HydraConfig.instance().cfg = previous
+            value = _resolved(config, "hydra.run.dir")
             run_dir = Path(os.path.abspath(str(value)))
             check_run_dir(run_dir, typed.run_root, run_id, "hydra.run.dir", value)
         except ConfigError as exc:  # the config's own errors (MethodConfigError is one)
@@ -71,3 +88,13 @@ class RunDirCheck(Callback):
                                                                                                 run_dir):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
+
+
+def _resolved(config: DictConfig, key: str) -> Any:
+    """`key` of Hydra's composed `config`, resolved as Hydra resolves it for the job (its `${hydra:...}` too)."""
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(config)
+    try:
+        return OmegaConf.select(config, key)
+    finally:
+        HydraConfig.instance().cfg = previous

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.job import run_id_for
-from experiments.run_dir import RunDirCheck, RunDirError, check_run_dir
+from experiments.run_dir import RunDirCheck, RunDirError, check_folder, check_run_dir
 from experiments.run_id import register_run_id_resolver
 from suite_schema.layout import RECORD_NAME
 from tests.conftest import REPO
@@ -78,3 +78,21 @@ def test_a_complete_run_is_skipped_without_hydra_writing_into_its_directory(tmp_
     (run_dir / RECORD_NAME).write_text(json.dumps({"run_id": run_id_of(cfg), "status": "complete"}))
     RunDirCheck().on_run_start(config=cfg, config_name="config")
     assert cfg.hydra.output_subdir is None
+
+
+def test_a_run_root_that_is_a_file_is_refused_before_a_run_or_a_sweep_writes(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    check_folder("run_root", tmp_path / "runs" / "new")  # made when needed
+    for value, existing in ((tmp_path / "a_file", "a_file"), (tmp_path / "a_file" / "runs", "a_file"),
+                            (tmp_path / "dangling" / "runs", "dangling")):
+        with pytest.raises(RunDirError, match=rf"^run_root='{value}' is not allowed: a folder; "
+                                              rf"{tmp_path / existing} is not one$"):
+            check_folder("run_root", value)
+    for mode in ("run", "multirun"):
+        cfg = hydra_config(f"run_root={tmp_path / 'a_file'}")
+        with pytest.raises(SystemExit) as stop:
+            getattr(RunDirCheck(), f"on_{mode}_start")(config=cfg, config_name="config")
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == f"error: run_root='{tmp_path / 'a_file'}' is not allowed: a folder; " \
+                                          f"{tmp_path / 'a_file'} is not one\n"
