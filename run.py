@@ -20,7 +20,7 @@ def main(cfg: DictConfig) -> None:
     from experiments import exit_codes
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_dir import RunDirError
-    from experiments.run_lock import RunBusyError
+    from experiments.run_lock import RunBusyError, RunLockError
     from experiments.signals import SignalInterrupt
     from experiments.train import Preempted
 
@@ -34,6 +34,9 @@ def main(cfg: DictConfig) -> None:
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exit_codes.RUN_BUSY)
+    except RunLockError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exit_codes.FAILED)
     except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
         print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
         sys.exit(exit_codes.INTERRUPTED)

@@ -35,6 +35,10 @@ class RunBusyError(RuntimeError):
     """Another live process holds the run directory's lock."""
 
 
+class RunLockError(RuntimeError):
+    """The run directory's lock cannot be taken at all (its path is a folder, the file system refuses it)."""
+
+
 def _write_holder(fd: int) -> None:
     """Replace the lock file's content by this process's host, pid and start time (UTC, seconds), as JSON."""
     who = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
@@ -56,28 +60,40 @@ def holder(run_dir: Path) -> str:
 @contextmanager
 def hold(run_dir: Path, wait: bool = False) -> Iterator[None]:
     """Hold `<run_dir>/.run.lock` exclusively while the block runs (see the module docstring); with `wait`,
-    block until the current holder ends instead of raising `RunBusyError`."""
+    block until the current holder ends instead of raising `RunBusyError`. A lock that cannot be taken at all (the
+    path is a folder, the file system refuses) raises `RunLockError` naming it."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     # The holder's name is written once the lock is held (on_acquired); filelock leaves the file's content to
     # the holder, so a refused launch reads it intact.
     lock = FileLock(path, on_acquired=_write_holder, fallback_to_soft=False, preserve_lock_file=True)
     try:
-        lock.acquire(blocking=False)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _acquire(lock, run_dir, wait)
     except Timeout:
-        if not wait:
-            raise RunBusyError(f"{run_dir} is being run by {holder(run_dir)}; this launch stops "
-                               "(wait_if_running=true waits for it to finish instead)") from None
-        try:
-            with interrupts_recorded():  # a SIGTERM while waiting ends the launch as interrupted, with no record
-                log.info("%s is being run by %s; waiting for it to finish (wait_if_running=true)", run_dir,
-                         holder(run_dir))
-                lock.acquire()
-        except SignalInterrupt as exc:
-            raise SignalInterrupt(exc.signum, f"while waiting for {holder(run_dir)} to finish {run_dir}; no record "
-                                              "written") from None
+        raise RunBusyError(f"{run_dir} is being run by {holder(run_dir)}; this launch stops "
+                           "(wait_if_running=true waits for it to finish instead)") from None
+    except OSError as exc:  # after Timeout, which is one
+        raise RunLockError(f"cannot lock {path}: {exc.strerror or exc}; nothing was run") from None
     try:
         yield
     finally:
         lock.release()
+
+
+def _acquire(lock: FileLock, run_dir: Path, wait: bool) -> None:
+    """Take `lock` at once, or with `wait` after its holder ends (SIGTERM or SIGUSR2 meanwhile raise
+    `SignalInterrupt` naming the holder); raises filelock's `Timeout` when it is held and `wait` is false."""
+    try:
+        lock.acquire(blocking=False)
+        return
+    except Timeout:
+        if not wait:
+            raise
+    try:
+        with interrupts_recorded():  # a SIGTERM while waiting ends the launch as interrupted, with no record
+            log.info("%s is being run by %s; waiting for it to finish (wait_if_running=true)", run_dir, holder(run_dir))
+            lock.acquire()
+    except SignalInterrupt as exc:
+        raise SignalInterrupt(exc.signum, f"while waiting for {holder(run_dir)} to finish {run_dir}; no record "
+                                          "written") from None

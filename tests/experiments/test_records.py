@@ -1,5 +1,6 @@
-"""A run directory's files: the partial files a killed writer leaves (the suite's own names, in its own folders only),
-and records that cannot be read, or are not this run's, moved aside instead of crashing a launch or being overwritten."""
+"""A run directory's files: the partial files a killed writer leaves (the suite's own names, in its own folders
+only), and records that cannot be read, or are not this run's, moved aside instead of crashing a launch or being
+overwritten."""
 
 import json
 

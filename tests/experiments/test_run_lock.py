@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from experiments.run_lock import LOCK_NAME, RunBusyError, hold
+from experiments.run_lock import LOCK_NAME, RunBusyError, RunLockError, hold
 from tests.conftest import REPO, run_cli, tiny_overrides
 
 
@@ -27,6 +27,14 @@ def test_a_second_holder_is_refused_with_the_first_ones_name(tmp_path):
         assert json.loads((tmp_path / "run" / LOCK_NAME).read_text()) == who
     with hold(tmp_path / "run"):  # released: taken again
         pass
+
+
+def test_a_lock_that_cannot_be_taken_at_all_is_one_error_naming_it(tmp_path):
+    (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)  # a folder where the lock file goes
+    with pytest.raises(RunLockError, match=f"^cannot lock {tmp_path / 'run' / LOCK_NAME}: Is a directory; nothing "
+                                           "was run$"):
+        with hold(tmp_path / "run"):
+            pass
 
 
 HOLD_FOR = ("import sys, time; from experiments.run_lock import hold\n"

@@ -279,8 +279,9 @@ def test_jobs_of_different_runs_never_share_a_directory_and_write_only_into_thei
     seen = {}
     sweep.check_job_dir(seen, 0, "0123456789abcdef", str(root), "0123456789abcdef", root)
     sweep.check_job_dir(seen, 1, "0123456789abcdef", str(root), "0123456789abcdef", root)  # a duplicate: run once
-    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='0123456789abcdef' is not allowed: one directory per "
-                                          r"run; jobs #0 and #2 are different runs \(0123456789abcdef, fedcba9876543210\)"):
+    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='0123456789abcdef' is not allowed: one directory "
+                                          r"per run; jobs #0 and #2 are different runs \(0123456789abcdef, "
+                                          r"fedcba9876543210\)"):
         sweep.check_job_dir(seen, 2, "fedcba9876543210", str(root), "0123456789abcdef", root)
     with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='same' is not allowed: a run writes only into its own"):
         sweep.check_job_dir({}, 0, "fedcba9876543210", str(root), "same", root)
