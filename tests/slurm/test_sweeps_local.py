@@ -337,3 +337,12 @@ def test_the_summary_says_what_the_record_says(tmp_path):
     for bad in (b"[1]", b"\xff\xfe", b'{"run_id": '):
         (tmp_path / run.run_id / "record.json").write_bytes(bad)
         assert sweep.outcome_of(run)[0] == "failed"
+
+
+def test_a_slurm_marker_of_another_shape_is_no_marker(tmp_path):
+    run = planned(tmp_path / "0123456789abcdef")
+    for bad in (b"[1]", b"\xff\xfe", b'"12"', b"{"):
+        (tmp_path / run.run_id).mkdir(exist_ok=True)
+        (tmp_path / run.run_id / sweep.SLURM_MARKER).write_bytes(bad)
+        sweep.mark_still_queued([run])  # planning goes on: the run is launched as if no job were known
+        assert run.state is None and run.slurm_job_id is None
