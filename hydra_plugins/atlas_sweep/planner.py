@@ -16,10 +16,10 @@ before any job is queued), and its run directory (`<run_root>/<run_id>`) is look
 record is complete are skipped and nothing is queued for them; failed, interrupted or missing
 runs are launched (again). On SLURM, a run whose job from an earlier launch is still queued or
 running is not submitted twice. After the jobs end, a summary names every run as done, skipped,
-failed, interrupted, busy (another launch held it) or killed (its record still says running), with the reason
-read from its run directory; it is printed and written to
-the sweep folder `<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also
-holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
+failed, interrupted, busy (another launch held it) or killed (its record still says running), with
+the reason read from its run directory; it is printed and written to the sweep folder
+`<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also holds the code
+snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
 
     python -m hydra_plugins.atlas_sweep.planner summary runs/.sweeps/20260101-120000-1234   # summarise again, now
 """
