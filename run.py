@@ -19,15 +19,17 @@ def main(cfg: DictConfig) -> None:
     # here, not at the top: `python run.py --help` and `--cfg job` stay fast without the runtime (torch)
     from experiments import exit_codes
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
-    from experiments.run_lock import RunBusyError
-    from experiments.failure import SignalInterrupt
+    from experiments.run_dir import RunDirError
+    from experiments.run_lock import RunBusyError, RunLockError
+    from experiments.signals import SignalInterrupt
     from experiments.train import Diverged, Preempted
 
     try:
         run(cfg)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
-        discard_rejected_run_dir()
+        if not isinstance(exc, RunDirError):  # a folder not the run's own is left as it is
+            discard_rejected_run_dir()
         sys.exit(exit_codes.BAD_CONFIG)
     except Diverged as exc:  # recorded `failed` in phase train; its traceback says nothing more
         print(f"failed: {exc}", file=sys.stderr)
@@ -35,6 +37,9 @@ def main(cfg: DictConfig) -> None:
     except RunBusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exit_codes.RUN_BUSY)
+    except RunLockError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exit_codes.FAILED)
     except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
         print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
         sys.exit(exit_codes.INTERRUPTED)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import signal
 import sys
-import threading
 import traceback
 from contextlib import contextmanager
 from datetime import datetime
@@ -17,6 +15,7 @@ from typing import Any, Iterator
 from experiments import records
 from experiments.checkpoints import checkpoint_paths, step_of
 from experiments.log import FILE_ONLY
+from experiments.signals import SignalInterrupt, interrupts_recorded
 from experiments.train import Preempted
 from suite_schema import layout
 
@@ -27,36 +26,6 @@ _PHASE = {"name": "start"}
 def set_phase(name: str) -> None:
     """What the run is doing now (`load`, `prepare`, `train`, `evaluate`): a failure or interruption names it."""
     _PHASE["name"] = name
-
-
-class SignalInterrupt(BaseException):
-    """SIGTERM or SIGUSR2 arrived outside training, where no other handler takes it (a BaseException, like
-    KeyboardInterrupt, so that no `except Exception` on the way swallows it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise SignalInterrupt(signum)
-
-
-@contextmanager
-def interrupts_recorded() -> Iterator[None]:
-    """While the block runs, SIGTERM and SIGUSR2 raise `SignalInterrupt` where nothing else handles them (their
-    handler is the default, i.e. not under submitit, which ignores SIGTERM and requeues on SIGUSR2 itself); the
-    training loop installs its own checkpointing handlers over these and restores them after."""
-    installed = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGUSR2):
-            if signal.getsignal(signum) == signal.SIG_DFL:
-                installed[signum] = signal.signal(signum, _raise_interrupt)
-    try:
-        yield
-    finally:
-        for signum, previous in installed.items():
-            signal.signal(signum, previous)
 
 
 def _last_checkpoint_step(run_dir: Path):

@@ -41,8 +41,9 @@ from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.logger import make_logger
-from experiments.methods import Method, MethodConfigError, RunContext, build_method, method_class
+from experiments.methods import Method, MethodConfigError, RunContext, build_method, required_scales
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
+from experiments.run_dir import check_run_dir
 from experiments.train import TrainResult, seed_everything, train
 from experiments.validation import ConfigError
 from suite_schema import layout, run_identity
@@ -64,12 +65,13 @@ def run_id_for(cfg: DictConfig) -> str:
 
 
 def resolve_run_dir(typed: DictConfig, run_id: str) -> Path:
-    """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>."""
-    try:
-        if HydraConfig.initialized():
-            return Path(HydraConfig.get().runtime.output_dir)
-    except ImportError:  # pragma: no cover
-        pass
+    """The run directory: Hydra's job output dir when running under Hydra, else <run_root>/<run_id>. Raises
+    `RunDirError` when Hydra's is neither <run_root>/<run_id> nor a folder holding this run's record
+    (`experiments.run_dir`): a run writes and cleans only its own directory."""
+    if HydraConfig.initialized():
+        out = Path(HydraConfig.get().runtime.output_dir)
+        check_run_dir(out, typed.run_root, run_id, "hydra.runtime.output_dir", out)
+        return out
     return Path(typed.run_root) / run_id
 
 
@@ -91,16 +93,6 @@ def encode_target(benchmark: Benchmark, tokenizer: Any, chat_template: bool, max
                     "differently from the whole text (experiments.prompts.split_boundary); the model is prompted at "
                     "a token boundary its pretraining may not have had", disagree, len(checked))
     return out
-
-
-def required_scales(typed: Any) -> list[float]:
-    """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
-    method that does not train (the base model is the same at every scale)."""
-    try:
-        trains = method_class(typed.method._target_).trains
-    except MethodConfigError:
-        trains = True  # build_method reports an unimportable target with its own message
-    return records.extra_scales(typed.eval.scales) if trains else []
 
 
 def discard_rejected_run_dir() -> None:
@@ -154,6 +146,7 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             if dom.dropped_calibration:
                 log.info("%s: %d calibration items dropped (their question is in the dev or test split)",
                          dom.name, dom.dropped_calibration)
+        _set_aside_unreadable(run_id, run_dir)
         _clear_a_killed_attempt(run_id, run_dir)
         started = datetime.now(timezone.utc)
         science = run_identity.scientific_config(resolved)
@@ -183,12 +176,20 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
             return job.run()
 
 
+def _set_aside_unreadable(run_id: str, run_dir: Path) -> None:
+    """Under the run's lock: move aside each record file that is no record of this run instead of writing over it
+    (`records.set_aside_unreadable`), one line each."""
+    for moved, why in records.set_aside_unreadable(run_dir, run_id):
+        log.warning("%s: %s is no record of this run (%s); moved aside to %s, running the run again", run_id,
+                    moved.with_name(layout.RECORD_NAME), why, moved.name)
+
+
 def _clear_a_killed_attempt(run_id: str, run_dir: Path) -> None:
     """Under the run's lock, no other process writes this run: a `running` record is what a killed attempt
     (SIGKILL, out of memory, a lost node) left, and its temporary files were never results. Say so and remove them."""
     previous = records.read_record(run_dir)
     if previous and previous.get("status") == layout.STATUS_RUNNING:
-        proc = previous.get("process") or {}
+        proc = records.part(previous, "process")
         log.info("%s: the previous attempt (pid %s on %s, started %s) stopped without a record (killed?); starting "
                  "again", run_id, proc.get("pid", "?"), proc.get("host", "?"), previous.get("started", "?"))
     partial = records.partial_files(run_dir)

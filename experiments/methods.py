@@ -31,7 +31,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import validation
+from experiments import records, validation
 from experiments.activations import load_or_build_site_tensors
 from experiments.backbones import check_target_modules
 from experiments.tensor_files import load_tensors, save_tensors
@@ -321,6 +321,16 @@ def method_class(target: str) -> type[Method]:
     require("_target_", target, isinstance(cls, type) and issubclass(cls, Method),
             "a subclass of experiments.methods.Method")
     return cls
+
+
+def required_scales(typed: Any) -> list[float]:
+    """The post-hoc scales (eval.scales besides 1.0) that need a record of their own: none for a
+    method that does not train (the base model is the same at every scale)."""
+    try:
+        trains = method_class(typed.method._target_).trains
+    except MethodConfigError:
+        trains = True  # build_method reports an unimportable target with its own message
+    return records.extra_scales(typed.eval.scales) if trains else []
 
 
 def param_names(cls: type[Method]) -> list[str]:

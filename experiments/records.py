@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import reprlib
 import socket
 import subprocess
 import tempfile
@@ -18,7 +19,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
-from suite_schema.layout import RECORD_NAME, STATUS_COMPLETE, scale_dir, scale_run_id
+from suite_schema.layout import (
+    RECORD_NAME,
+    SCALES_DIR,
+    STATUS_COMPLETE,
+    STATUSES,
+    scale_dir,
+    scale_run_id,
+    type_name,
+)
 
 PACKAGES = ("torch", "transformers", "peft", "hydra-core", "omegaconf", "lm-eval", "submitit", "wandb", "datasets")
 
@@ -57,25 +66,93 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
+#: The folders of a run directory its writers put temporary files in, besides the run directory itself:
+#: checkpoints, the export (the atlas) and each post-hoc scale's records.
+PARTIAL_PLACES = ("checkpoints", "export", f"{SCALES_DIR}/*")
+
+
+def is_partial_name(name: str) -> bool:
+    """Whether `name` is one a writer of the suite gives a file before renaming it into place: `.<name>.<random>.tmp`
+    (`atomic_write`), `<name>.tmp` (the atlas, cached activations), `.<name>.tmp-<pid>` (caches built by one
+    process) or `.tmp<6 characters>` (safetensors' own writer, as peft's adapters use it)."""
+    return (name.endswith(".tmp") or re.fullmatch(r"\..+\.tmp-\d+", name) is not None
+            or re.fullmatch(r"\.tmp[A-Za-z0-9_]{6}", name) is not None)
+
+
 def partial_files(run_dir: Path) -> list[Path]:
     """The temporary files a killed writer leaves in a run directory: every atomic write of a run (records and
-    checkpoints through `atomic_write`, the atlas, cached activations) goes through a name ending in `.tmp` or
-    `.tmp-<pid>` that is renamed when complete, and safetensors' own writer (peft's adapters) through
-    `.tmp<6 characters>`, so such a file is never a result. Only safe to remove under the run's lock."""
+    checkpoints through `atomic_write`, the atlas, cached activations) goes through a name of `is_partial_name`
+    that is renamed when complete, so such a file is never a result. Only the run directory and its
+    `PARTIAL_PLACES` are looked in, one level each (no other folder is the suite's). Only safe to remove under the
+    run's lock."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    return sorted(p for p in run_dir.rglob("*") if p.name.endswith(".tmp") or ".tmp-" in p.name
-                  or re.fullmatch(r"\.tmp[A-Za-z0-9]{6}", p.name))
+    places = [run_dir, *(d for pattern in PARTIAL_PLACES for d in run_dir.glob(pattern))]
+    return sorted(p for d in places if d.is_dir() for p in d.iterdir() if is_partial_name(p.name))
 
 
-def read_record(run_dir: Path) -> Optional[dict]:
-    """The record in `run_dir`, or None when there is none or it cannot be parsed."""
-    path = Path(run_dir) / RECORD_NAME
+def _parse(path: Path) -> tuple[dict | None, str | None]:
+    """(the record at `path`, None); (None, None) when there is none; (None, why) when the file cannot be read as a
+    record: not a file, not UTF-8, not JSON, or not a JSON object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8: {exc}"
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON: {exc}"
+    if not isinstance(value, dict):
+        return None, f"it holds a JSON {type_name(value)}, not an object"
+    return value, None
+
+
+def read_record(run_dir: Path) -> dict | None:
+    """The record in `run_dir`, or None when there is none or it cannot be read as a record."""
+    return _parse(Path(run_dir) / RECORD_NAME)[0]
+
+
+def part(record: dict | None, key: str) -> dict:
+    """`record[key]` where it is a JSON object, else {} (a record written by other code may hold anything)."""
+    value = (record or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _unusable(path: Path, run_id: str) -> str | None:
+    """Why the file at `path` is no record of run `run_id` the suite can go on from, or None (none there, or a
+    record of this run): it cannot be read as a record, holds a status the suite does not write, or another run id."""
+    record, problem = _parse(path)
+    if record is None:
+        return problem
+    if record.get("run_id") != run_id:
+        return f"it is the record of run id {reprlib.repr(record.get('run_id'))}, not of {run_id}"
+    if record.get("status") not in STATUSES:
+        return f"its status {reprlib.repr(record.get('status'))} is none of {', '.join(STATUSES)}"
+    return None
+
+
+def set_aside_unreadable(run_dir: Path, run_id: str) -> list[tuple[Path, str]]:
+    """Move every record file of `run_dir` (the run's own and each post-hoc scale's) that is no record of this run
+    (`_unusable`: unreadable, of another run id, or with an unknown status) to `record.json.unreadable-<UTC time>`
+    beside it, where neither the suite nor analysis reads it, instead of writing over it; return (where each went,
+    why). Only safe under the run's lock."""
+    run_dir = Path(run_dir)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    moved = []
+    found = [(run_dir / RECORD_NAME, run_id)]
+    found += [(p, f"{run_id}@{p.parent.name}") for p in sorted(run_dir.glob(f"{SCALES_DIR}/*/{RECORD_NAME}"))]
+    for path, expected in found:
+        problem = _unusable(path, expected)
+        if problem is None:
+            continue
+        dest, n = path.with_name(f"{RECORD_NAME}.unreadable-{stamp}"), 1
+        while os.path.lexists(dest):
+            n += 1
+            dest = path.with_name(f"{RECORD_NAME}.unreadable-{stamp}-{n}")
+        os.replace(path, dest)
+        moved.append((dest, problem))
+    return moved
 
 
 def extra_scales(scales: Any) -> list[float]:

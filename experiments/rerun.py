@@ -11,6 +11,7 @@ A record made by <commit> itself or by a later commit is kept.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -22,11 +23,20 @@ from suite_schema import layout
 #: What a re-run keeps in the run directory: Hydra's files of this launch, the run's log, earlier superseded records
 #: and the run's lock file (held by this launch: removing it would let another launch lock a new file).
 KEEP = (".hydra", "run.log", layout.SUPERSEDED_DIR, LOCK_NAME)
+#: A commit sha as git writes it (SHA-1 or SHA-256, abbreviated to at least 7 digits).
+SHA = re.compile(r"[0-9a-f]{7,64}")
 
 
 def resolve_commit(commit: str) -> Optional[str]:
     """The full sha of `commit` (a sha, tag or branch of this checkout), or None when git cannot resolve it."""
     return records.git_output("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+
+
+def recorded_sha(record: dict) -> str | None:
+    """The record's `provenance.git_sha` where it is a commit sha (hex digits), else None: a record may hold anything,
+    and the sha names a folder (`superseded/<sha12>`) and is handed to git."""
+    sha = records.part(record, "provenance").get("git_sha")
+    return sha if isinstance(sha, str) and SHA.fullmatch(sha) else None
 
 
 def stale_reason(run_dir: Path, commit: str) -> Optional[str]:
@@ -35,8 +45,8 @@ def stale_reason(run_dir: Path, commit: str) -> Optional[str]:
     record = records.read_record(run_dir)
     if record is None:
         return None
-    sha = (record.get("provenance") or {}).get("git_sha")
-    if not sha:
+    sha = recorded_sha(record)
+    if sha is None:
         return "its record has no code version"
     if sha == commit:
         return None
@@ -56,23 +66,23 @@ def requested(rerun_before: Optional[str], run_dir: Path) -> Optional[str]:
 
 
 def supersede(run_dir: Path) -> Path:
-    """Move the run's records (its own and every post-hoc scale's) to `<run_dir>/superseded/<sha12>/` and remove
-    every other output of it except `KEEP`; return the folder the records went to."""
+    """Move the run's records (its own and every post-hoc scale's, with any set aside as unreadable) to
+    `<run_dir>/superseded/<sha12>/` (`unknown` where the record names no commit sha) and remove every other output
+    of it except `KEEP`; return the folder the records went to."""
     run_dir = Path(run_dir)
-    record = records.read_record(run_dir) or {}
-    sha = ((record.get("provenance") or {}).get("git_sha") or "unknown")[:12]
+    sha = (recorded_sha(records.read_record(run_dir) or {}) or "unknown")[:12]
     dest = run_dir / layout.SUPERSEDED_DIR / sha
     n = 1
     while dest.exists():
         n += 1
         dest = run_dir / layout.SUPERSEDED_DIR / f"{sha}-{n}"
     dest.mkdir(parents=True)
-    found = [run_dir / layout.RECORD_NAME, *sorted((run_dir / layout.SCALES_DIR).glob(f"*/{layout.RECORD_NAME}"))]
+    found = [p for pattern in (f"{layout.RECORD_NAME}*", f"{layout.SCALES_DIR}/*/{layout.RECORD_NAME}*")
+             for p in sorted(run_dir.glob(pattern))]
     for path in found:
-        if path.is_file():
-            target = dest / path.relative_to(run_dir)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.replace(target)
+        target = dest / path.relative_to(run_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.replace(target)
     for entry in sorted(run_dir.iterdir()):
         if entry.name in KEEP:
             continue

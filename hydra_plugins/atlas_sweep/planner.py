@@ -16,9 +16,10 @@ before any job is queued), and its run directory (`<run_root>/<run_id>`) is look
 record is complete are skipped and nothing is queued for them; failed, interrupted or missing
 runs are launched (again). On SLURM, a run whose job from an earlier launch is still queued or
 running is not submitted twice. After the jobs end, a summary names every run as done, skipped,
-failed or interrupted, with the reason read from its run directory; it is printed and written to
-the sweep folder `<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also
-holds the code snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
+failed, interrupted, busy (another launch held it) or killed (its record still says running), with
+the reason read from its run directory; it is printed and written to the sweep folder
+`<run_root>/.sweeps/<timestamp>/` (`summary.json`, `summary.txt`), which also holds the code
+snapshot (`code/`) the SLURM jobs import from and submitit's logs (`submitit/`).
 
     python -m hydra_plugins.atlas_sweep.planner summary runs/.sweeps/20260101-120000-1234   # summarise again, now
 """
@@ -40,10 +41,10 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 import experiments
-from experiments import exit_codes, records, rerun
+from experiments import exit_codes, records, rerun, run_lock
 from experiments.log import console
 from experiments.run_id import register_run_id_resolver
-from experiments.validation import ConfigError
+from experiments.validation import ConfigError, not_allowed
 from suite_schema import layout, run_identity
 
 SWEEPS_DIR = ".sweeps"
@@ -54,6 +55,7 @@ SLURM_MARKER = ".slurm_job.json"  # in a run directory: the SLURM job last submi
 
 DONE, SKIPPED, FAILED, INTERRUPTED = "done", "skipped", "failed", "interrupted"
 QUEUED, DUPLICATE, NOT_RUN = "queued", "duplicate", "not run"
+BUSY, KILLED, RUNNING = "busy", "killed", "running"  # another launch held it; the record says running
 # SLURM states of a job that may still run (squeue).
 LIVE_SLURM_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                      "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "PREEMPTED"}
@@ -107,10 +109,12 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
     """
     # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.config import validate_config
-    from experiments.job import USER_ERRORS, required_scales
+    from experiments.job import USER_ERRORS
+    from experiments.methods import required_scales
 
     ensure_run_id_resolver()
     plan, errors = [], []
+    seen: dict[str, tuple[int, str]] = {}  # run directory (symlinks resolved) -> (job index, run id) of its first job
     for offset, overrides in enumerate(job_overrides):
         index = initial_job_idx + offset
         cfg = hydra_context.config_loader.load_sweep_config(config, list(overrides))
@@ -138,7 +142,12 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         run_dir = Path(sweep_dir) / subdir
         run = PlannedRun(index, list(overrides), run_id, str(run_dir), cfg)
         scales = required_scales(typed)
-        first = next((p for p in plan if p.run_dir == run.run_dir), None)
+        try:
+            check_job_dir(seen, index, run_id, sweep_dir, subdir, typed.run_root)
+        except USER_ERRORS as exc:
+            errors.append((offset, index, exc))
+            continue
+        first = next((p for p in plan if os.path.realpath(p.run_dir) == os.path.realpath(run_dir)), None)
         if first is not None:
             # Overrides that do not change the science (logger, progress, ...) give the same run: run it once.
             run.state, run.reason = DUPLICATE, f"same run (id and directory) as job #{first.index}"
@@ -152,6 +161,24 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
                           "launched:\n" + "\n".join(lines))
     check_backbones(plan)
     return plan
+
+
+def check_job_dir(seen: dict[str, tuple[int, str]], index: int, run_id: str, sweep_dir: str, subdir: str,
+                  run_root: Any) -> None:
+    """Raise the one-line ConfigError of job `index` when its directory `<sweep_dir>/<subdir>` is one an earlier job
+    of another run id got (`seen`: directory, symlinks resolved -> (job index, run id) of its first job; filled in
+    here) or not the run's own (`experiments.run_dir.check_run_dir`)."""
+    # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
+    from experiments.run_dir import check_run_dir
+
+    run_dir = Path(sweep_dir) / subdir
+    first, first_id = seen.setdefault(os.path.realpath(run_dir), (index, run_id))
+    if first_id != run_id:
+        raise not_allowed("hydra.sweep.subdir", subdir, f"one directory per run; jobs #{first} and #{index} are "
+                          f"different runs ({first_id}, {run_id}) but both get {run_dir}")
+    moved_root = os.path.realpath(sweep_dir) != os.path.realpath(str(run_root))
+    key, value = ("hydra.sweep.dir", sweep_dir) if moved_root else ("hydra.sweep.subdir", subdir)
+    check_run_dir(run_dir, run_root, run_id, key, value)
 
 
 def check_backbones(plan: Sequence[PlannedRun]) -> None:
@@ -244,17 +271,30 @@ def _error_line(text: Any, limit: int = 300) -> str:
 
 
 def outcome_of(run: PlannedRun, launch_error: Optional[BaseException] = None) -> tuple[str, str]:
-    """(state, reason) of a launched run, from its run directory's record (the launcher's error if none)."""
+    """(state, reason) of a launched run, from its run directory's record and the launcher's error: `busy` when the
+    job found another launch holding the run (exit code 3), `killed` when the job ended without a result and the
+    record still says `running`, `running` when the record says so and no job of this launch ended (a summary made
+    again later)."""
     record = records.read_record(Path(run.run_dir))
-    if record and record.get("run_id") == run.run_id:
-        status = record.get("status")
-        if status == layout.STATUS_COMPLETE:
-            return DONE, ""
-        if status == layout.STATUS_FAILED:
-            err = record.get("error") or {}
-            return FAILED, f"{err.get('type', 'error')}: {_first_line(err.get('message', ''))}"
-        if status == layout.STATUS_INTERRUPTED:
-            return INTERRUPTED, _first_line((record.get("interrupted") or {}).get("reason", "interrupted"))
+    if record is not None and record.get("run_id") != run.run_id:
+        record = None
+    status = (record or {}).get("status")
+    if status == layout.STATUS_COMPLETE:
+        return DONE, ""
+    if isinstance(launch_error, JobExited) and launch_error.code == exit_codes.RUN_BUSY:
+        return BUSY, f"another launch holds it: {run_lock.holder(Path(run.run_dir))}"
+    if status == layout.STATUS_FAILED:
+        err = records.part(record, "error")
+        return FAILED, f"{err.get('type', 'error')}: {_first_line(err.get('message', ''))}"
+    if status == layout.STATUS_INTERRUPTED:
+        return INTERRUPTED, _first_line(records.part(record, "interrupted").get("reason", "interrupted"))
+    if status == layout.STATUS_RUNNING:
+        proc = records.part(record, "process")
+        said = (f"its record says running (pid {proc.get('pid', '?')} on {proc.get('host', '?')}, started "
+                f"{record.get('started', '?')})")
+        if launch_error is not None:
+            return KILLED, f"{said}, and the job ended without a result ({type(launch_error).__name__})"
+        return RUNNING, f"{said}: still running, or killed (the same command resumes it)"
     if launch_error is not None:
         return FAILED, f"no record; {type(launch_error).__name__}: {_error_line(launch_error)}"
     return FAILED, "no record written (killed, or stopped before its run directory was made; see the job log)"
@@ -278,14 +318,14 @@ def summarise(plan: Sequence[PlannedRun], folder: Optional[Path], launcher: str)
 
 
 def format_summary(summary: dict) -> str:
-    order = [DONE, SKIPPED, QUEUED, DUPLICATE, FAILED, INTERRUPTED, NOT_RUN]
+    order = [DONE, SKIPPED, QUEUED, DUPLICATE, FAILED, KILLED, INTERRUPTED, BUSY, RUNNING, NOT_RUN]
     counts = summary["counts"]
     head = ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
     lines = [f"[sweep] summary: {len(summary['runs'])} run(s): {head}"]
     for row in summary["runs"]:
         job = f" [slurm {row['slurm_job_id']}]" if row.get("slurm_job_id") else ""
         line = f"[sweep]   {row['state']:<11} {row['run_id']}  {row['label']}{job}"
-        if row["state"] in (FAILED, INTERRUPTED, QUEUED, DUPLICATE, NOT_RUN) and row["reason"]:
+        if row["state"] not in (DONE, SKIPPED) and row["reason"]:
             line += f"\n[sweep]               {row['reason']} ({row['run_dir']})"
         lines.append(line)
     if summary.get("sweep_folder"):
@@ -437,9 +477,9 @@ def mark_still_queued(plan: Sequence[PlannedRun]) -> None:
             continue
         try:
             marker = json.loads((Path(run.run_dir) / SLURM_MARKER).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # none, or not UTF-8 JSON
             continue
-        if marker.get("job_id"):
+        if isinstance(marker, dict) and marker.get("job_id"):
             markers[run.index] = str(marker["job_id"])
     live = live_slurm_jobs(sorted(set(markers.values())))
     for run in plan:
@@ -499,7 +539,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {args.folder} is not a sweep folder (no {PLAN_JSON})", file=sys.stderr)
         return 2
     summary = summarise_folder(args.folder)
-    return 0 if not summary["counts"].get(FAILED) else 1
+    return 1 if summary["counts"].get(FAILED) or summary["counts"].get(KILLED) else 0
 
 
 if __name__ == "__main__":

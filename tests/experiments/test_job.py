@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,5 +220,38 @@ def test_a_nan_loss_stops_the_run_at_that_step_recorded_failed_in_one_line(overr
     assert rec["status"] == "failed" and rec["phase"] == "train", rec
     assert rec["error"]["type"] == "Diverged" and rec["error"]["message"].startswith("loss became nan at step 3 (lr ")
     run_dir = only_run_dir(tmp_path / "runs")
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000001.pt", "step_00000002.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt")) == ["step_00000001.pt", "step_00000002.pt"]
     assert not (run_dir / "export").exists()  # nothing after training ran
+
+
+def tree(root):
+    """{path: (mtime_ns, size)} of everything under `root`."""
+    return {str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_a_launch_writes_only_into_its_own_run_directory(overrides, tmp_path):
+    runs = tmp_path / "runs"
+    first = run_cli(["method=base", *overrides(runs)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    seed0 = only_run_dir(runs)
+    before = tree(runs)
+
+    # Another run pointed at seed 0's directory, or at any folder: one line, exit 2, nothing written there.
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "draft.tmp").write_text("mine")
+    for folder in (seed0, foreign):
+        proc = run_cli(["method=base", "seed=1", f"hydra.run.dir={folder}", *overrides(runs)], timeout=120)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        [line] = proc.stderr.strip().splitlines()
+        held = f"; {seed0} holds the record of run '{seed0.name}'" if folder == seed0 else ""
+        expected = (f"error: hydra.run.dir='{folder}' is not allowed: a run writes only into its own directory "
+                    f"{runs}/RUN_ID (<run_root>/<run_id>; run_root=... moves it) or one holding its record{held}")
+        assert re.fullmatch(re.escape(expected).replace("RUN_ID", f"(?!{seed0.name})[0-9a-f]{{16}}"), line), line
+    assert tree(runs) == before and [p.name for p in foreign.iterdir()] == ["draft.tmp"]
+
+    # The complete run launched again is skipped without a write (Hydra's .hydra/ files included).
+    again = run_cli(["method=base", *overrides(runs)], timeout=120)
+    assert again.returncode == 0 and "skipped (nothing to do)" in again.stdout, again.stderr[-3000:]
+    assert tree(runs) == before

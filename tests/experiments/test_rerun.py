@@ -51,6 +51,29 @@ def test_supersede_keeps_the_records_aside_and_removes_every_other_output(tmp_pa
     assert found == [] and bare == [run]  # analysis reads no superseded record
 
 
+@pytest.mark.parametrize("sha", ["../../elsewhere", "/tmp/abs", "--help", 12345, ["a"]])
+def test_a_code_version_that_is_no_commit_sha_names_no_folder(tmp_path, sha):
+    # A record may hold anything: its sha is not a path piece (nor an argument git reads as an option).
+    run = tmp_path / "runs" / "0123456789abcdef"
+    write_record(run, sha)
+    assert stale_reason(run, HEAD) == "its record has no code version"
+    dest = supersede(run)
+    assert dest == run / "superseded" / "unknown" and (dest / RECORD_NAME).is_file()
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob(RECORD_NAME)) == [
+        "runs/0123456789abcdef/superseded/unknown/record.json"]
+
+
+def test_records_set_aside_as_unreadable_go_with_the_superseded_ones(tmp_path):
+    run = tmp_path / "0123456789abcdef"
+    write_record(run, PARENT)
+    for rel in ("record.json.unreadable-20260101T000000Z", "scales/0.5/record.json.unreadable-20260101T000000Z"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text("[]")
+    dest = supersede(run)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("record.json*")) == [
+        "record.json", "record.json.unreadable-20260101T000000Z", "scales/0.5/record.json.unreadable-20260101T000000Z"]
+
+
 @pytest.mark.slow
 def test_a_run_made_by_older_code_is_made_again(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
     args = ["method=lora", *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache")]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from experiments.run_lock import LOCK_NAME, RunBusyError, hold
+from experiments.run_lock import LOCK_NAME, RunBusyError, RunLockError, hold
 from tests.conftest import REPO, run_cli, tiny_overrides
 
 
@@ -27,6 +27,14 @@ def test_a_second_holder_is_refused_with_the_first_ones_name(tmp_path):
         assert json.loads((tmp_path / "run" / LOCK_NAME).read_text()) == who
     with hold(tmp_path / "run"):  # released: taken again
         pass
+
+
+def test_a_lock_that_cannot_be_taken_at_all_is_one_error_naming_it(tmp_path):
+    (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)  # a folder where the lock file goes
+    with pytest.raises(RunLockError, match=f"^cannot lock {tmp_path / 'run' / LOCK_NAME}: Is a directory; nothing "
+                                           "was run$"):
+        with hold(tmp_path / "run"):
+            pass
 
 
 HOLD_FOR = ("import sys, time; from experiments.run_lock import hold\n"
@@ -124,3 +132,35 @@ def test_a_second_launch_of_a_running_run_stops_with_exit_3(tiny_backbone_dir, t
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=120)
+
+
+@pytest.mark.slow
+def test_sigterm_while_waiting_for_the_holder_exits_4_and_writes_no_record(tiny_backbone_dir, tiny_benchmark_dir,
+                                                                           tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.job import run_id_for
+
+    args = ["method=base", "wait_if_running=true",
+            *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache")]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        run_dir = tmp_path / "runs" / run_id_for(compose("config", overrides=args))
+    holder = _holding_process(run_dir, 120)
+    since = json.loads((run_dir / LOCK_NAME).read_text())["started"]
+    try:
+        waiter = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        said = waiter.stdout.readline()
+        assert said.strip() == (f"[run] {run_dir} is being run by pid {holder.pid} on {socket.gethostname()} "
+                                f"(since {since}); waiting for it to finish (wait_if_running=true)"), said
+        waiter.send_signal(signal.SIGTERM)
+        _, err = waiter.communicate(timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waiter.returncode == 4, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted: SIGTERM while waiting for pid {holder.pid} on "
+                                            f"{socket.gethostname()} (since {since}) to finish {run_dir}; no record "
+                                            "written; the same command resumes the run")
+    assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", LOCK_NAME]

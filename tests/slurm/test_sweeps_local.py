@@ -244,3 +244,105 @@ def test_parallel_jobs_on_a_gpu_machine_are_warned_that_they_share_its_gpus(gpus
     out = capsys.readouterr().out
     assert "running 0 job(s), 2 at a time" in out
     assert ("share this machine's 2 GPU(s)" in out) == (gpus > 0), out
+
+
+def run_id_of(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from experiments.job import run_id_for
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return run_id_for(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.slow
+def test_a_sweep_moves_an_unreadable_record_aside_and_runs_the_run_again(overrides, tmp_path):
+    runs = tmp_path / "runs"
+    args = ["method=base", *overrides(runs)]
+    bad = runs / run_id_of(*args, "seed=0") / "record.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("[1, 2]")
+    proc = run_cli(["-m", "seed=0,1", *args])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[sweep] 2 run(s): 2 to run" in proc.stdout, sweep_lines(proc.stdout)
+    assert f"{bad} is no record of this run (it holds a JSON array, not an object); moved aside to " \
+           "record.json.unreadable-" in proc.stdout
+    assert {state for state, _ in summary_rows(proc.stdout).values()} == {"done"}
+    assert [p.read_text() for p in bad.parent.glob("record.json.unreadable-*")] == ["[1, 2]"]
+    assert json.loads(bad.read_text())["status"] == "complete"
+
+
+def test_jobs_of_different_runs_never_share_a_directory_and_write_only_into_their_own(tmp_path):
+    from experiments.validation import ConfigError
+
+    root = tmp_path / "runs"
+    seen = {}
+    sweep.check_job_dir(seen, 0, "0123456789abcdef", str(root), "0123456789abcdef", root)
+    sweep.check_job_dir(seen, 1, "0123456789abcdef", str(root), "0123456789abcdef", root)  # a duplicate: run once
+    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='0123456789abcdef' is not allowed: one directory "
+                                          r"per run; jobs #0 and #2 are different runs \(0123456789abcdef, "
+                                          r"fedcba9876543210\)"):
+        sweep.check_job_dir(seen, 2, "fedcba9876543210", str(root), "0123456789abcdef", root)
+    with pytest.raises(ConfigError, match=r"hydra.sweep.subdir='same' is not allowed: a run writes only into its own"):
+        sweep.check_job_dir({}, 0, "fedcba9876543210", str(root), "same", root)
+    with pytest.raises(ConfigError, match=rf"hydra.sweep.dir='{tmp_path / 'other'}' is not allowed"):
+        sweep.check_job_dir({}, 0, "fedcba9876543210", str(tmp_path / "other"), "fedcba9876543210", root)
+
+
+@pytest.mark.slow
+def test_distinct_runs_given_one_directory_are_refused_before_any_run(overrides, tmp_path):
+    proc = run_cli(["-m", "method=base", "seed=0,1", "hydra.sweep.subdir=same", *overrides(tmp_path / "runs")],
+                   timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 of 2 sweep jobs have an invalid config; nothing was launched" in proc.stderr
+    assert "#1 seed=1: hydra.sweep.subdir='same' is not allowed: one directory per run; jobs #0 and #1 are " \
+           "different runs" in proc.stderr, proc.stderr[-3000:]
+    assert "[run]" not in proc.stdout and not (tmp_path / "runs" / "same").exists()
+
+
+def planned(run_dir, run_id="0123456789abcdef"):
+    return sweep.PlannedRun(0, ["seed=0"], run_id, str(run_dir))
+
+
+def write_json(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_the_summary_says_what_the_record_says(tmp_path):
+    from submitit.core.utils import UncompletedJobError
+
+    from experiments import run_lock
+
+    run = planned(tmp_path / "0123456789abcdef")
+    running = {"run_id": run.run_id, "status": "running", "process": {"pid": 77, "host": "node3"},
+               "started": "2026-01-01T00:00:00+00:00"}
+    write_json(tmp_path / run.run_id / "record.json", running)
+    # A job killed outright (SIGKILL, out of memory): its record still says running, submitit's error is the job's
+    # last stderr line.
+    state, reason = sweep.outcome_of(run, UncompletedJobError("Job 12 (task: 0) with path ...\nwarnings.warn("))
+    assert state == "killed" and "its record says running (pid 77 on node3, started 2026-01-01" in reason, reason
+    assert "UncompletedJobError" in reason and "warnings.warn" not in reason
+    state, reason = sweep.outcome_of(run)  # a summary made again later, while it may still be running
+    assert state == "running" and "still running, or killed" in reason
+    # Another launch holds the run (the job exited with code 3): named from the lock file.
+    with run_lock.hold(tmp_path / run.run_id):
+        state, reason = sweep.outcome_of(run, sweep.JobExited(3))
+    assert state == "busy" and reason.startswith(f"another launch holds it: pid {os.getpid()} on "), reason
+    run.state, run.reason = state, reason
+    assert f"[sweep]               {reason} (" in sweep.format_summary(sweep.summarise([run], None, "local"))
+    # A record written by other code may hold anything where the summary looks.
+    write_json(tmp_path / run.run_id / "record.json", {"run_id": run.run_id, "status": "failed", "error": "boom"})
+    assert sweep.outcome_of(run) == ("failed", "error: ")
+    for bad in (b"[1]", b"\xff\xfe", b'{"run_id": '):
+        (tmp_path / run.run_id / "record.json").write_bytes(bad)
+        assert sweep.outcome_of(run)[0] == "failed"
+
+
+def test_a_slurm_marker_of_another_shape_is_no_marker(tmp_path):
+    run = planned(tmp_path / "0123456789abcdef")
+    for bad in (b"[1]", b"\xff\xfe", b'"12"', b"{"):
+        (tmp_path / run.run_id).mkdir(exist_ok=True)
+        (tmp_path / run.run_id / sweep.SLURM_MARKER).write_bytes(bad)
+        sweep.mark_still_queued([run])  # planning goes on: the run is launched as if no job were known
+        assert run.state is None and run.slurm_job_id is None
