@@ -14,6 +14,19 @@ from typing import Any, Optional
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The longest tests (minutes each), started first: with `-n 2`, one collected last keeps a worker busy alone at the end.
+LONGEST_FIRST = ("tests/test_new_method.py::", "tests/experiments/test_micro_run.py::")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Move the tests of LONGEST_FIRST to the front, in their order; the rest keep theirs."""
+    rank = {prefix: i for i, prefix in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        return next((rank[p] for p in LONGEST_FIRST if item.nodeid.startswith(p)), len(LONGEST_FIRST))
+
+    items.sort(key=key)  # stable: the order within each group is kept
 SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
 MICRO_BACKBONE = REPO / "assets" / "micro" / "backbone"
 MICRO_DATA = REPO / "assets" / "micro" / "data"
