@@ -10,7 +10,7 @@ worker checks, one after another:
 
 - a **slow correct** solution (counting primes, sized to about ``--slow-seconds`` of CPU here)
   under a wall limit of 3x that: its verdict must stay ``passed``;
-- the micro benchmark's first ``--ordinary`` canonical solutions: the median check time beside the
+- the first ``--ordinary`` canonical solutions of the micro benchmark's dev split: the median check time beside the
   neighbour, over the same median with nothing beside them (measured in the same process, first).
 
 Reported per neighbour: the slow solution's verdict and seconds, the ordinary checks' median
@@ -100,7 +100,7 @@ def slow_correct(seconds: float) -> Check:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="comma-separated neighbour names (default: all)")
-    ap.add_argument("--ordinary", type=int, default=24, help="ordinary checks per neighbour (micro canonical solutions)")
+    ap.add_argument("--ordinary", type=int, default=24, help="ordinary checks per neighbour (micro dev canonical solutions)")
     ap.add_argument("--slow-seconds", type=float, default=2.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"error: --only={','.join(unknown)} is not allowed: names among {', '.join(NEIGHBOURS)}")
 
-    path = REPO / "assets" / "micro" / "data" / "code" / "test.jsonl"
+    path = REPO / "assets" / "micro" / "data" / "code" / "dev.jsonl"  # dev: a measurement of the sandbox, not a result
     problems = [json.loads(line) for line in path.read_text().splitlines()][: args.ordinary]
     ordinary = [build_check(p, p["canonical_solution"]) for p in problems]
     slow = slow_correct(args.slow_seconds)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table(["neighbour", "slow correct", "s", "ordinary passed", "median ms", "x quiet", "neighbour"], rows[-1:]),
               flush=True)
     print(f"\nquiet: slow correct {alone.wall_seconds:.2f} s; ordinary median {quiet_ms:.0f} ms "
-          f"({len(ordinary)} micro canonical checks, one after another); sandbox mode {report['mode']!r}, "
+          f"({len(ordinary)} micro dev canonical checks, one after another); sandbox mode {report['mode']!r}, "
           f"cpu bounded per check: {report.get('cpu_bounded_in_total')}")
     print(table(["neighbour", "slow correct", "s", "ordinary passed", "median ms", "x quiet", "neighbour"], rows))
     write_json(args.out, SCRIPT, {

@@ -183,6 +183,20 @@ def run_cli(args: list[str], timeout: float = 300, env: Optional[dict] = None, *
                           timeout=timeout, **popen)
 
 
+def mounted_tmpfs(path: Path, size: str):
+    """A tmpfs of `size` (mount's notation, e.g. "64k") mounted at `path` for the duration of a fixture (yields it);
+    skips where this user or machine cannot mount one."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          text=True, check=False)
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=True)
+
+
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """The per-job override lists of `python run.py -m OVERRIDES`, as Hydra's basic sweeper makes them: the config
     is loaded in multirun mode (sweep values allowed), the `hydra.sweeper.params` it sets (a preset's) go before the

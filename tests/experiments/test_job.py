@@ -12,7 +12,7 @@ import pytest
 
 from experiments import records
 from suite_schema.layout import RECORD_NAME
-from tests.conftest import REPO, run_cli, tiny_overrides
+from tests.conftest import REPO, mounted_tmpfs, run_cli, tiny_overrides
 
 
 def only_run_dir(root):
@@ -171,15 +171,7 @@ def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_un
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 96 KiB tmpfs: room for the run's config, log and records, not for a 145 KB training checkpoint."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)], capture_output=True, text=True)
-    if made.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    yield from mounted_tmpfs(tmp_path / "small", "96k")
 
 
 @pytest.mark.slow

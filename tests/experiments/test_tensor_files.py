@@ -2,7 +2,6 @@
 safetensors load reads without an error."""
 
 import errno
-import os
 import subprocess
 import sys
 import time
@@ -13,8 +12,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from experiments import records
-from experiments.tensor_files import DamagedFile, library_writes, load_tensors, save_tensors, verify_tensors
-from tests.conftest import REPO
+from experiments.tensor_files import (
+    DamagedFile,
+    library_writes,
+    load_tensors,
+    save_tensors,
+    verify_tensors,
+)
+from tests.conftest import REPO, mounted_tmpfs
 
 TENSORS = {"a": torch.randn(64, 64), "ids": torch.arange(10), "half": torch.randn(3, 5, dtype=torch.bfloat16),
            "scalar": torch.tensor(2.5)}
@@ -60,16 +65,7 @@ def test_a_file_written_before_the_digest_loads(tmp_path):
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 64 KiB tmpfs: too small for a 200 KB tensor file."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if made.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
+    yield from mounted_tmpfs(tmp_path / "small", "64k")
 
 
 def test_a_full_disk_raises_enospc_and_leaves_nothing(small_tmpfs):

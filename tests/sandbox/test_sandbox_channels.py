@@ -111,23 +111,22 @@ def report() -> dict:
     return isolation_report()
 
 
-@pytest.mark.parametrize("name", SEQUENTIAL)
-def test_a_later_check_finds_nothing_left(report, name):
-    writer, reader, needs_namespaces = SEQUENTIAL[name]
+def _writer_then_reader(report: dict, channel: tuple, workers: int) -> None:
+    """Run the channel's writer and reader (one after the other with one worker, side by side with two)."""
+    writer, reader, needs_namespaces = channel
     if needs_namespaces and not report["mount_namespace"]:
         pytest.skip(f"mode {report['mode']!r} has no namespaces of its own")
     checks = [call_check(writer, _writer_test()), call_check(reader, _reader_test())]
-    wrote, read = check_solutions(checks, LIMITS, workers=1)
+    wrote, read = check_solutions(checks, LIMITS, workers=workers)
     assert wrote.passed, wrote
     assert read.passed, read.reason
+
+
+@pytest.mark.parametrize("name", SEQUENTIAL)
+def test_a_later_check_finds_nothing_left(report, name):
+    _writer_then_reader(report, SEQUENTIAL[name], workers=1)
 
 
 @pytest.mark.parametrize("name", CONCURRENT)
 def test_a_check_running_beside_finds_nothing(report, name):
-    writer, reader, needs_namespaces = CONCURRENT[name]
-    if needs_namespaces and not report["mount_namespace"]:
-        pytest.skip(f"mode {report['mode']!r} has no namespaces of its own")
-    checks = [call_check(writer, _writer_test()), call_check(reader, _reader_test())]
-    wrote, read = check_solutions(checks, LIMITS, workers=2)
-    assert wrote.passed, wrote
-    assert read.passed, read.reason
+    _writer_then_reader(report, CONCURRENT[name], workers=2)
