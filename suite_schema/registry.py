@@ -4,7 +4,8 @@ names (as Hydra composes it), has a `_target_` (the `Method` subclass that runs 
 Besides its hyperparameters a method file may hold a `display` block (label, group, order, colour, marker): how
 analysis shows the method, never part of the run id, and read from the method's own file only (a method that
 inherits another's values does not inherit how it looks). The groups sort the tables: `reference` (ATLAS),
-`baseline` (the paper's seven), `extended` (beyond the paper), `ablation` (ATLAS's variants), `base` (no training).
+`baseline` (the paper's seven, as their authors define them), `retained` (retained-data variants: a baseline
+given the retained calibration data ATLAS and replay see), `extended` (beyond the paper), `ablation` (ATLAS's variants), `base` (no training).
 Nothing here imports a method's code: analysis reads the registry without torch.
 """
 
@@ -18,7 +19,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ("reference", "baseline", "extended", "ablation", "base")
+GROUPS = ("reference", "baseline", "retained", "extended", "ablation", "base")
 #: The key of a method config that holds how analysis shows it.
 DISPLAY_KEY = "display"
 DISPLAY_FIELDS = ("label", "group", "order", "color", "marker")

@@ -46,7 +46,14 @@ EVALUATION_ONLY_KEYS = ("benchmark.split",)
 LATER_KEYS = {
     "method.filter_basis": None,  # ATLAS's filters each in the full input space
     "method.filter_members": "kmeans",  # ATLAS's filters fitted on the k-means clusters
+    "method.definition": "2026-11",  # InfLoRA, EWC, CorDA, LoRA-Null as the suite first defined them (CHANGELOG)
+    "method.distill_on": "retained",  # LwF distilled on retained calibration prompts (now `lwf_retained`)
+    "method.temperature": 1.0,  # LwF's distillation at temperature 1
 }
+#: Later keys that change what a method *is*, not a knob of it: analysis always names a record whose value differs
+#: from its method's current one (`analysis.variants`), so a record made under an earlier definition is never read as
+#: today's method.
+DEFINITION_KEYS = ("definition", "distill_on", "temperature")
 
 
 def _parent(cfg: dict, dotted: str) -> tuple[Any, str]:
