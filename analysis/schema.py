@@ -3,7 +3,8 @@
 The record's layout and its validation are `suite_schema.layout` (shared with the runtime that writes records);
 `to_row(record)` turns a valid complete record into one flat dict whose keys are the table's columns:
 
-    run_id, source, status, method, backbone, benchmark (`micro`; `micro@dev` for a dev-split record, as the runtime names it), seed,
+    run_id, source, status, method (`defined_method`: the record's method, named with the definition it ran under when
+    that is not today's), backbone, benchmark (`micro`; `micro@dev` for a dev-split record, as the runtime names it), seed,
     scale, sweep_key, train_key,
     knob/<name> (every `knobs` entry but `name`), knob/train.steps, knob/train.lr,
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
@@ -17,8 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any, Optional
 
+import numpy as np
+
+from suite_schema import registry, run_identity
 from suite_schema.layout import ACCURACY_KEYS, RATE_KEYS, TRAIN_KNOBS, benchmark_label, is_number
 
 # The coding axis (higher is better) and the headline retained axis (lower is better).
@@ -33,6 +38,35 @@ def knob_value(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def knob_text(v: Any) -> Optional[str]:
+    """A knob value as text for comparison and names: None for missing/null/NaN, integral floats as integers."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def defined_method(method: str, knobs: dict) -> str:
+    """`method`, or `method[key=value,...]` naming each of `run_identity.DEFINITION_KEYS` the registered method has
+    whose value in the record's `knobs` differs from the method's value today; a record without the key ran at its
+    earlier value (`run_identity.LATER_KEYS`). So `lwf` recorded before LwF distilled on the new task's inputs reads
+    `lwf[distill_on=retained,temperature=1]`, and no record is counted as a method it was not."""
+    spec = registry.methods().get(method)
+    if spec is None:
+        return method
+    parts = []
+    for key in run_identity.DEFINITION_KEYS:
+        if key not in spec.values:
+            continue
+        value = knob_text(knobs[key]) if key in knobs else knob_text(run_identity.LATER_KEYS.get(f"method.{key}"))
+        if value != knob_text(spec.values[key]):
+            parts.append(f"{key}={'null' if value is None else value}")
+    return f"{method}[{','.join(parts)}]" if parts else method
 
 
 def domain_kind(entry: dict) -> str:
@@ -80,7 +114,7 @@ def to_row(record: dict, source: str) -> dict:
     """The flat row of a valid complete record (see the module docstring for the columns)."""
     knobs = knobs_of(record)
     scale = scale_of(record)
-    method, backbone, benchmark = record["method"], record["backbone"], record["benchmark"]
+    method, backbone, benchmark = defined_method(record["method"], record["knobs"]), record["backbone"], record["benchmark"]
     split = split_of(record)
     if split is not None and not benchmark.endswith(f"@{split}"):
         benchmark = benchmark_label(benchmark, split)  # dev records never join a test group (nor a test sweep point)

@@ -11,10 +11,8 @@ the method registry's (`suite_schema.registry`).
 
 from __future__ import annotations
 
-import math
-from typing import Any, Optional, Sequence
+from typing import Sequence
 
-import numpy as np
 import pandas as pd
 
 from analysis import schema
@@ -25,17 +23,6 @@ def method_defaults(method: str) -> dict:
     """The knob values of registered method `method` but its `name` (empty for a method the registry lacks)."""
     spec = registry.methods().get(method)
     return {} if spec is None else {k: v for k, v in spec.values.items() if k != "name"}
-
-
-def _value(v: Any) -> Optional[str]:
-    """A knob value as text for comparison and names: None for missing/null/NaN, integral floats as integers."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
@@ -49,10 +36,10 @@ def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
     for key in keys:
         if key not in defaults:
             continue
-        value = _value(row.get(schema.KNOB_PREFIX + key))
+        value = schema.knob_text(row.get(schema.KNOB_PREFIX + key))
         if value is None:
-            value = _value(run_identity.LATER_KEYS.get(f"method.{key}"))
-        if value != _value(defaults[key]):
+            value = schema.knob_text(run_identity.LATER_KEYS.get(f"method.{key}"))
+        if value != schema.knob_text(defaults[key]):
             parts.append(f"{key}={'null' if value is None else value}")
     return f"{method}[{','.join(parts)}]" if parts else method
 
