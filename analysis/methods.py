@@ -58,6 +58,31 @@ def label(method: str) -> str:
     return LABELS.get(method, method)
 
 
+def data_of(method: str) -> str:
+    """What `method` reads besides the target data (`display.data` of its method file; `registry.DATA_ACCESS`). A
+    record named with an earlier definition (`method[key=value,...]`, `analysis.schema.defined_method`) reads what the
+    registered method of the same class with those values reads (an `lwf` record distilled on retained prompts: what
+    `lwf_retained` reads), else what its method reads today; "" for a method the registry does not know."""
+    base, _, rest = method.partition("[")
+    if base not in _SPECS:
+        return ""
+    if rest:
+        named = dict(part.split("=", 1) for part in rest.rstrip("]").split(","))
+        for name, spec in _SPECS.items():
+            if spec.target == _SPECS[base].target and name in _DISPLAY and all(
+                    str(spec.values.get(k)).lower() == v.lower() or _same_number(spec.values.get(k), v)
+                    for k, v in named.items()):
+                return _DISPLAY[name]["data"]
+    return _DISPLAY[base]["data"] if base in _DISPLAY else ""
+
+
+def _same_number(value, text: str) -> bool:
+    try:
+        return float(value) == float(text)
+    except (TypeError, ValueError):
+        return False
+
+
 def is_atlas_family(method: str) -> bool:
     """ATLAS, its ablations (atlas_*) and its option variants (atlas[...], `analysis.variants`)."""
     return method == REFERENCE or method.startswith((REFERENCE + "_", REFERENCE + "["))
@@ -72,6 +97,8 @@ def order_key(method: str) -> tuple:
         return (len(KNOWN_ORDER) + 2, "")
     if is_atlas_family(method):
         return (len(KNOWN_ORDER), method)
+    if method.partition("[")[0] in KNOWN_ORDER:  # under an earlier definition: right after its method
+        return (KNOWN_ORDER.index(method.partition("[")[0]), method)
     return (len(BASELINES) + 0.5, method)
 
 

@@ -83,10 +83,12 @@ def _level_header(lv: Level) -> str:
     return lv.label.replace(">=", "≥")
 
 
-def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool) -> Table:
+def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool,
+                  data_column: bool = False) -> Table:
     table = Table(name, title, group_header="Backbone")
     levels = a.levels
-    table.columns = ["Method", "Seeds", *[_level_header(lv) for lv in levels]]
+    first = 3 if data_column else 2  # the first level's column
+    table.columns = ["Method", *(["Data"] if data_column else []), "Seeds", *[_level_header(lv) for lv in levels]]
     if extra_primary_diff:
         table.columns.append(f"Δ vs ATLAS ({_level_header(a.primary_level)})")
     summ = a.matched
@@ -96,7 +98,7 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
         for method in names:
             rows_m = present[present["method"] == method]
             n_seeds = int(rows_m["n_seeds"].max()) if len(rows_m) else 0
-            cells = [Cell(M.label(method)), Cell(str(n_seeds))]
+            cells = [Cell(M.label(method)), *([Cell(M.data_of(method))] if data_column else []), Cell(str(n_seeds))]
             for lv in levels:
                 r = rows_m[rows_m["level_spec"] == lv.spec]
                 cells.append(matched_cell(r.iloc[0] if len(r) else None))
@@ -104,12 +106,17 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
                 cells.append(_diff_cell(a, bb, bench, method, a.primary_level))
             table.rows.append(cells)
             table.groups.append(group_label(bb, bench))
-    for j in range(2, 2 + len(levels)):
+    for j in range(first, first + len(levels)):
         table.best[j] = "min"
     if not table.rows:
         table.absent = absent
         return table
     table.notes = [_kl_note(a)] + _level_notes(a, levels)
+    if data_column:
+        table.notes.append("Data: what a method reads besides the target data (target only; the base's activations on "
+                           "retained calibration prompts; the retained prompts with the base's responses or log-probs; "
+                           "their gold answers). Retained-data variants give a baseline the retained prompts ATLAS and "
+                           "replay see.")
     return table
 
 
@@ -129,7 +136,7 @@ def _diff_cell(a: Analysis, bb: str, bench: str, method: str, lv: Level) -> Cell
 def main_table(a: Analysis) -> Table:
     return _matched_rows(
         a, M.main_methods, "Retained KL at matched coding requirement: ATLAS and baselines", "main",
-        "No complete runs of ATLAS or of a baseline among the collected records.", False)
+        "No complete runs of ATLAS or of a baseline among the collected records.", False, data_column=True)
 
 
 def ablation_table(a: Analysis) -> Table:

@@ -1,7 +1,8 @@
 """The method registry: a method exists when `conf/method/<name>.yaml`, composed with the files its `defaults` list
 names (as Hydra composes it), has a `_target_` (the `Method` subclass that runs it).
 
-Besides its hyperparameters a method file may hold a `display` block (label, group, order, colour, marker): how
+Besides its hyperparameters a method file may hold a `display` block (label, group, order, colour, marker, the data
+it reads): how
 analysis shows the method, never part of the run id, and read from the method's own file only (a method that
 inherits another's values does not inherit how it looks). The groups sort the tables: `reference` (ATLAS),
 `baseline` (the paper's seven, as their authors define them), `retained` (retained-data variants: a baseline
@@ -22,7 +23,11 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("reference", "baseline", "retained", "extended", "ablation", "base")
 #: The key of a method config that holds how analysis shows it.
 DISPLAY_KEY = "display"
-DISPLAY_FIELDS = ("label", "group", "order", "color", "marker")
+DISPLAY_FIELDS = ("label", "group", "order", "color", "marker", "data")
+#: What a method reads besides the target data (`display.data`), from least to most: nothing, only the target data,
+#: the base's activations on retained calibration prompts, the prompts themselves (with the base's own responses or
+#: log-probs), their gold answers.
+DATA_ACCESS = ("none", "target only", "retained activations", "retained prompts", "retained answers")
 #: Keys of a method file that are not hyperparameters of its `Method`.
 NOT_HYPERPARAMETERS = ("_target_", DISPLAY_KEY)
 
@@ -76,9 +81,9 @@ def _display(path: Path) -> Optional[dict]:
     if shown is None:
         return None
     missing = [k for k in DISPLAY_FIELDS if k not in (shown or {})]
-    if missing or shown["group"] not in GROUPS:
-        raise RegistryError(f"{path}: display needs {list(DISPLAY_FIELDS)} with group one of {list(GROUPS)}; "
-                            f"got {shown}")
+    if missing or shown["group"] not in GROUPS or shown["data"] not in DATA_ACCESS:
+        raise RegistryError(f"{path}: display needs {list(DISPLAY_FIELDS)} with group one of {list(GROUPS)} and data "
+                            f"one of {list(DATA_ACCESS)}; got {shown}")
     return dict(shown)
 
 

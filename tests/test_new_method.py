@@ -26,7 +26,7 @@ defaults:
 _target_: baselines.{NAME}.ScaledLoRA
 name: {NAME}
 output_scale: 0.5
-display: {{label: "Scaled LoRA", group: extended, order: 9, color: "#123456", marker: "o"}}
+display: {{label: "Scaled LoRA", group: extended, order: 9, color: "#123456", marker: "o", data: "target only"}}
 """
 ROW = f'    "{NAME}": Row(),\n'
 LINE = f"| `{NAME}` | extended | `baselines/{NAME}.py` | LoRA with its update scaled by `output_scale` |\n"

@@ -97,10 +97,10 @@ def test_main_table_values_not_reached_and_bold():
     a = analyze(table_of(recs), ["0.3"])
     tables = {t.name: t for t in all_tables(a)}
     md = to_markdown(tables["main"])
-    assert "| micro | ATLAS | 3 | **0.0120 ± 0.0050** |" in md   # mean 0.012, half 4.3027 * 0.002 / sqrt 3
-    assert "| LoRA | 3 | 0.0300 ± 0.0248 |" in md
-    assert "| EWC | 3 | not reached (0/3 seeds) |" in md
-    assert "| Replay | 3 | 0.00500 (1/3 seeds) |" in md        # partial: never bold, even though lowest
+    assert "| micro | ATLAS | retained activations | 3 | **0.0120 ± 0.0050** |" in md   # mean 0.012, half 4.3027 * 0.002 / sqrt 3
+    assert "| LoRA | target only | 3 | 0.0300 ± 0.0248 |" in md
+    assert "| EWC | retained prompts | 3 | not reached (0/3 seeds) |" in md
+    assert "| Replay | retained prompts | 3 | 0.00500 (1/3 seeds) |" in md        # partial: never bold, even though lowest
     paired = to_markdown(tables["paired"])
     assert "| micro | LoRA | pass@1 ≥ 0.3 | 3 | -0.0180 |" in paired
     assert "| Replay | pass@1 ≥ 0.3 | 1 | 0.00500 | n/a | n/a | n/a | n/a | 0/1 | 1.000 | ATLAS only: 2 |" in paired

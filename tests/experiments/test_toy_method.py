@@ -20,7 +20,7 @@ alpha: 8
 dropout: 0.0
 target_modules: null
 output_scale: 0.5
-display: {label: "Scaled LoRA", group: extended, order: 9, color: "#123456", marker: "o"}
+display: {label: "Scaled LoRA", group: extended, order: 9, color: "#123456", marker: "o", data: "target only"}
 """
 
 
