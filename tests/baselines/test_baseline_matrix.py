@@ -49,6 +49,7 @@ MATRIX = {
     "replay": Row(costs=("replay_pool_size",)),
     "ewc": Row(costs=("fisher_build_seconds",)),
     "lwf": Row(),
+    "lwf_retained": Row(),
     # the converted update for the true W0: a rank-2r LoRA [B | B0], [A ; -A0]
     "corda": Row(costs=("covariance_build_seconds",), stored=(1.5, 2.5)),
     "inflora": Row(trainable=FEWER, stored=None),  # A frozen: only B trains

@@ -20,7 +20,7 @@ def run(tiny, name, run_dir, steps):
 
 # Every baseline of the registry but LoRA (its resume is tests/experiments/test_train.py's).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m for m in registry.members("baseline", "extended") if m != "lora"])
+@pytest.mark.parametrize("name", [m for m in registry.members("baseline", "retained", "extended") if m != "lora"])
 def test_resume_matches_uninterrupted(tiny, tmp_path, name):
     straight = run(tiny, name, tmp_path / "straight", 6)
     run(tiny, name, tmp_path / "stopped", 3)  # stops after its step-3 checkpoint

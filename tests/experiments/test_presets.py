@@ -27,7 +27,7 @@ TUNED_BY = {"micro_main": ("micro_tune", 2), "micro_backbones": ("micro_tune", 2
             "paper_main": ("paper_tune", 4), "paper_backbones": ("paper_tune", 4)}
 # The methods each tuning preset may tune (registry groups) besides the base; micro_tune_extended also runs the
 # reference (LoRA at its defaults) the levels are shares of.
-TUNES = {"micro_tune": ("reference", "baseline"), "paper_tune": ("reference", "baseline"),
+TUNES = {"micro_tune": ("reference", "baseline", "retained"), "paper_tune": ("reference", "baseline", "retained"),
          "micro_tune_extended": ("extended",)}
 
 
