@@ -17,7 +17,13 @@ from experiments.calibration import pair_example, reference_pairs, target_exampl
 from experiments.config import train_config
 from experiments.methods import MethodConfigError, build_named
 from experiments.train import train
-from tests.baselines.baseline_helpers import fresh_base, logits_of, prepared, retained_batch, run_context
+from tests.baselines.baseline_helpers import (
+    fresh_base,
+    logits_of,
+    prepared,
+    retained_batch,
+    run_context,
+)
 
 ROW_NORM = 1 / math.sqrt(3)
 
@@ -109,7 +115,7 @@ def test_down_projection_reads_the_squared_target_moment():
     retained = orthogonal_columns(400, [1.0]) @ torch.eye(3)[:1]
     mix = torch.tensor([[3.0, 0.0, 0.0], [1.5, 1.0, 0.0], [1.5, 0.0, 1.2]])  # target = z @ mix, z white
     target = orthogonal_columns(600, [1.0, 1.0, 1.0], seed=4) @ mix
-    a, m = complement_down_projection(retained, target, 0.9, 1)
+    a, _ = complement_down_projection(retained, target, 0.9, 1)
     c = moment(target)
     top = torch.linalg.eigh((c @ c)[1:, 1:]).eigenvectors[:, -1]  # top eigenvector of the e1,e2 block of C_T^2
     first = torch.linalg.eigh(c[1:, 1:]).eigenvectors[:, -1]  # ... of C_T's block
@@ -170,7 +176,7 @@ def inputs_per_site(tiny, model, sequences):
 
 
 def test_init_is_the_base_scale_one_and_only_b_trains(tiny, tmp_path):
-    model, method, ctx = prepared(tiny, "inflora", tmp_path)
+    model, method, _ = prepared(tiny, "inflora", tmp_path)
     batch = retained_batch(tiny)
     torch.testing.assert_close(logits_of(model, batch), logits_of(fresh_base(tiny), batch))
     for name, layer in lora_layers(model).items():
