@@ -1,29 +1,37 @@
-"""CorDA, knowledge-preserved mode (Yang et al., NeurIPS 2024, arXiv 2406.05223), through peft.
+"""CorDA, knowledge-preserved mode (Yang et al., NeurIPS 2024, arXiv 2406.05223), as the authors' code
+(github.com/iboing/CorDA: build_corda.py, cordalib/act_aware_utils.py, cordalib/decomposition.py) builds it, through
+peft's port of the same steps (`preprocess_corda`, `init_lora_weights="corda"`), driven to match it:
 
-For each adapted Linear with weight W0 and the uncentered covariance C of its inputs on retained
-calibration prompts, peft's `preprocess_corda` takes the SVD  W0 C = U S V^T  and keeps the *last*
-r components (KPM: the directions the retained data uses least); `get_peft_model` with
-`init_lora_weights="corda"` then sets
+Covariance of each adapted Linear's input (the authors' forward hook; peft's is the same, in float32 as the
+authors' README gives as their default):
+  the retained calibration prompts (no responses), in a seeded order, joined by the tokens of "\\n\\n" into one
+  stream cut into consecutive windows of `max_length` tokens, at most `max_windows` of them; one window per
+  forward pass (batch 1, no padding); each window's inputs X (tokens x in) are divided by |max X| (the magnitude
+  of the signed maximum, as theirs), and
+      C = sum_w X_w^T X_w / n_windows
+Decomposition (float32):
+  C_d = C + damp mean(diag C) I, damp = 0.01, doubled until ||C_d C_d^-1 - I||_F < 0.05
+  W0 C_d = U S V^T (singular values descending); KPM keeps the LAST r components (the smallest)
+  B0 = U_r sqrt(S_r / s),  A0 = sqrt(S_r / s) V_r^T C_d^-1,  W_res = W0 - s B0 A0,  s = alpha / r
+The authors' adapter has no scale (their forward is W_res x + U sqrt(S) sqrt(S) V^T C_d^-1 x, and their LoRA
+baseline uses lora_alpha = r), so `alpha: null` (= rank, s = 1) gives their factors exactly; peft's S /= s keeps
+s B0 A0 the same for any alpha but shrinks both factors by sqrt(s). Both factors train.
 
-    B0 A0 = U_r S_r (V_r^T C^{-1}) / s,   W_res = W0 - s B0 A0
+*Adaptation*: the authors' "knowledge" data are NQ-open questions packed into 2048-token windows (Llama-2's
+context), 256 windows; here the retained domains' calibration prompts, packed the same way into windows of the run's
+`max_length`, at most 256 windows. Their hook divides the sum by the constant 256, their window count in every run;
+here the sum is divided by the number of windows (the same whenever there are 256).
 
-so h = W_res x + s B A x equals the base at init, and training moves B, A away from B0, A0.
-The covariance is collected by peft's forward hook, which assumes batch size 1 (it squeezes the
-batch dimension and normalises each sequence by its max): the calibration forward passes run one
-sequence at a time, unpadded. `include_responses: true` also feeds the base's cached responses.
+Ties: the split between kept and frozen components is whatever order float32 `torch.linalg.svd` returns, as in
+the authors' code. When the r-th and (r+1)-th smallest singular values of W0 C_d are equal the kept subspace is not
+unique (any rotation of the tied block is as valid); W_res + s B0 A0 = W0 and the adapter's singular values (the r
+smallest) hold either way. Near ties are resolved exactly as the authors' code resolves them, since the same C
+reaches the same float32 SVD.
 
-Post-hoc scale (WiSE-FT against the TRUE W0). The trained model is W0 + D with the converted
-update D = s (B A - B0 A0). `scale(alpha)` gives W0 + alpha D by setting the LoRA scale to
-alpha * s and the base weight to W_res + (1 - alpha) s B0 A0 (B0, A0 are kept from init), so
-alpha = 0 is the base model and alpha = 1 the trained one; the base weight is moved by the
-difference from the current alpha, never recomputed from a stored W0.
-
-Export: peft's conversion (`save_pretrained(..., path_initial_model_for_weight_conversion=...)`)
-writes D as a plain rank-2r LoRA adapter ([B | B0], [A ; -A0], alpha doubled) that loads onto the
-unmodified base with `PeftModel.from_pretrained`. The eigen-decomposition is cached in the run
-folder (peft's `cache_file`, with its sha256 beside it: a damaged one is built again), so a resumed run rebuilds
-exactly the same W_res, B0 and A0.
-Knobs: rank, and the training steps (`train.steps`).
+Post-hoc scale, export and resume: `baselines.common.ResidualLoRA` (W0 + alpha D against the true W0; the converted
+update D = s (B A - B0 A0) as a plain rank-2r LoRA). The decomposition is cached in the run folder (peft's
+`cache_file`, its sha256 beside it; a damaged one is built again), so a resumed run rebuilds the same W_res, B0, A0.
+Knobs: rank (the authors: 128 on Llama-2-7B), train.steps.
 """
 
 from __future__ import annotations
@@ -41,34 +49,69 @@ from peft import get_peft_model
 from peft.tuners.lora.config import CordaConfig
 from peft.tuners.lora.corda import preprocess_corda
 
-from baselines.common import lora_layers
-from baselines.lora import LoRA, LoRAParams, save_peft
-from experiments.calibration import calibration_pairs, seeded_subset
+from baselines.common import ResidualLoRA
+from baselines.lora import LoRAParams
+from experiments.calibration import reference_pairs
 from experiments.checkpoints import checksum_path, checksum_problem, move_sealed
 from experiments.methods import RunContext, is_int, require
 from experiments.progress import progress_bar
+from experiments.prompts import encode_text
 from experiments.tensor_files import error_summary
 
 log = logging.getLogger("suite.train")
 
 CACHE_FILE = "corda_eigens.pt"
 INIT_DIR = "corda_init"
+WINDOW_SEPARATOR = "\n\n"  # the authors join the QA questions with it before cutting windows
+DEFINITION_HELP = ('"authors" (records of the earlier definition "2026-11" stay readable, but that definition no '
+                   'longer runs)')
 
 
-@dataclass(kw_only=True)
-class CorDAParams(LoRAParams):
-    """LoRA's, plus whether the covariance reads the base's responses too (`include_responses`) and how many
-    calibration sequences it averages (`max_sequences`, null = all)."""
+def require_definition(definition: str) -> None:
+    """Only the authors' definition runs (`definition: authors`)."""
+    require("definition", definition, definition == "authors", DEFINITION_HELP)
 
-    include_responses: bool
-    max_sequences: Optional[int]
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require("include_responses", self.include_responses, isinstance(self.include_responses, bool), "true or false")
-        require("max_sequences", self.max_sequences,
-                self.max_sequences is None or (is_int(self.max_sequences) and self.max_sequences > 0),
-                "null (all calibration prompts) or an integer > 0")
+def prompt_windows(ctx: RunContext, max_windows: int) -> list[list[int]]:
+    """Token windows of the retained calibration prompts as the authors' calibration loader cuts its QA text: the
+    prompts (no responses) in an order drawn with the run's seed, joined by the tokens of "\\n\\n", cut into
+    consecutive windows of `ctx.max_length` tokens (the last one may be shorter), the first `max_windows` of them."""
+    prompts = [p.prompt_ids for p in reference_pairs(ctx.reference(), ctx.max_length, drop_empty=False)]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(ctx.seed)).tolist()
+    separator = encode_text(ctx.tokenizer, WINDOW_SEPARATOR)
+    stream: list[int] = []
+    for i, index in enumerate(order):
+        stream += (separator if i else []) + list(prompts[index])
+    size = ctx.max_length
+    return [stream[i:i + size] for i in range(0, len(stream), size)][:max_windows]
+
+
+@torch.no_grad()
+def window_covariances(model: torch.nn.Module, modules: dict[str, torch.nn.Module], windows: list[list[int]],
+                       device: torch.device | str, progress: bool = False) -> dict[str, torch.Tensor]:
+    """Name -> (in, in) float32 covariance of each module's input as the authors' hook builds it: per window (one
+    forward pass each) X / |max X|, then sum_w X_w^T X_w / n_windows. (CorDA's own run goes through peft's hook,
+    which computes the same; LoRA-Null uses this one.)"""
+    sums: dict[str, torch.Tensor] = {}
+
+    def hook_for(name: str):
+        def hook(module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            x = x / x.max().abs()
+            sums[name] = sums.get(name, 0) + x.T @ x
+        return hook
+
+    handles = [m.register_forward_pre_hook(hook_for(n)) for n, m in modules.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        for ids in progress_bar(windows, desc="covariance", disable=not progress):
+            model(input_ids=torch.tensor([ids], device=device))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return {n: sums[n] / len(windows) for n in modules}
 
 
 def intact_cache(path: Path) -> bool:
@@ -90,27 +133,39 @@ def intact_cache(path: Path) -> bool:
     return problem is None
 
 
-class CorDA(LoRA):
-    """peft CorDA (KPM) adapters; covariance from retained calibration data."""
+@dataclass(kw_only=True)
+class CorDAParams(LoRAParams):
+    """LoRA's, with `alpha: null` meaning alpha = rank (s = 1, the authors' unscaled adapter); the definition
+    (`authors` only) and the most prompt windows the covariance reads (`max_windows`, the authors' 256)."""
+
+    alpha: Optional[float]
+    definition: str
+    max_windows: int
+
+    def __post_init__(self) -> None:
+        require_definition(self.definition)
+        require("max_windows", self.max_windows, is_int(self.max_windows) and self.max_windows > 0, "an integer > 0")
+        if self.alpha is None and is_int(self.rank):
+            self.alpha = float(self.rank)
+        require("alpha", self.alpha, self.alpha is not None, "null (= rank) or > 0")
+        super().__post_init__()
+
+
+class CorDA(ResidualLoRA):
+    """CorDA (KPM) adapters as the authors build them, through peft; covariance from retained calibration prompts."""
 
     run_files = (CACHE_FILE,)
+    init_dir_name = INIT_DIR
 
     Params = CorDAParams
     params: CorDAParams
-    exact_export = False  # the export is the converted update: the same function, other float32 rounding
-
-    def __init__(self, params: CorDAParams) -> None:
-        super().__init__(params)
-        self.init_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # module -> (B0, A0)
-        self.alpha_now = 1.0
-        self.init_dir: Optional[Path] = None
 
     def peft_init(self) -> dict:
         return {"init_lora_weights": "corda"}
 
-    def calibration_ids(self, ctx: RunContext) -> list[list[int]]:
-        pairs = seeded_subset(calibration_pairs(ctx), self.params.max_sequences, ctx.seed)
-        return [p.prompt_ids + (p.response_ids if self.params.include_responses else []) for p in pairs]
+    def calibration_windows(self, ctx: RunContext) -> list[list[int]]:
+        """The token windows the covariance reads (`prompt_windows`)."""
+        return prompt_windows(ctx, self.params.max_windows)
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         targets = self.resolve_targets(model, ctx)
@@ -124,8 +179,8 @@ class CorDA(LoRA):
                                                                     verbose=False))
 
         def run_model() -> None:
-            # One unpadded sequence per forward: peft's covariance hook squeezes the batch dimension.
-            for ids in progress_bar(self.calibration_ids(ctx), desc="CorDA covariance", disable=not ctx.progress):
+            # One unpadded window per forward: peft's covariance hook (like the authors') squeezes the batch dimension.
+            for ids in progress_bar(self.calibration_windows(ctx), desc="CorDA covariance", disable=not ctx.progress):
                 model(input_ids=torch.tensor([ids], device=ctx.device))
 
         t0 = time.perf_counter()
@@ -135,33 +190,5 @@ class CorDA(LoRA):
             config.corda_config.cache_file = str(cache_file)
         self._costs.update(covariance_build_seconds=time.perf_counter() - t0, eigens_reused=reused)
         model = get_peft_model(model, config)
-        self.init_factors = {n: (m.lora_B["default"].weight.detach().clone(), m.lora_A["default"].weight.detach().clone())
-                             for n, m in lora_layers(model).items()}
-        self.alpha_now = 1.0
-        # The initial adapter, for peft's conversion of the trained adapter into a plain LoRA at export.
-        self.init_dir = run_dir / INIT_DIR
-        shutil.rmtree(self.init_dir, ignore_errors=True)
-        save_peft(model, self.init_dir)
+        self.remember_init(model, run_dir)
         return model
-
-    def export(self, model: torch.nn.Module, out_dir: Path) -> int:
-        """The converted update D = s (B A - B0 A0) as a plain rank-2r LoRA on the true base; returns its bytes."""
-        if self.init_dir is None:
-            raise RuntimeError("corda: export before prepare")
-        if self.alpha_now != 1.0:
-            raise RuntimeError(f"corda: export at scale {self.alpha_now}; call scale(model, 1.0) first")
-        save_peft(model, out_dir, path_initial_model_for_weight_conversion=str(self.init_dir))
-        return sum(os.path.getsize(p) for p in Path(out_dir).glob("adapter_model.*"))
-
-    def scale(self, model: torch.nn.Module, alpha: float) -> None:
-        """W0 + alpha * s (B A - B0 A0): LoRA scale alpha * s, base weight W_res + (1 - alpha) s B0 A0."""
-        layers = lora_layers(model)
-        with torch.no_grad():
-            for name, layer in layers.items():
-                b0, a0 = self.init_factors[name]
-                s = layer.lora_alpha["default"] / layer.r["default"]
-                weight = layer.get_base_layer().weight
-                shift = (self.alpha_now - alpha) * s * (b0.float() @ a0.float())
-                weight.copy_((weight.float() + shift.to(weight.device)).to(weight.dtype))
-        super().scale(model, alpha)
-        self.alpha_now = float(alpha)

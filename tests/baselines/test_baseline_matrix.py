@@ -56,7 +56,7 @@ MATRIX = {
     "milora": Row(costs=("svd_seconds",), stored=(1.5, 2.5)),
     "pissa": Row(costs=("svd_seconds",), stored=(1.5, 2.5)),
     "dora": Row(trainable=MORE, stored=MORE),  # + a magnitude per output feature
-    "loranull": Row(costs=("null_space_build_seconds",), trainable=FEWER),  # A frozen, stored as a rank-r LoRA
+    "loranull": Row(costs=("null_space_build_seconds",), stored=(1.5, 2.5)),  # both factors train: rank-2r export
     # every adapted weight trains and is stored whole (float32)
     "fullft": Row(costs=("w0_copy_bytes",), trainable=(2.0, float("inf")), stored=MORE, stored_per_trainable=4.0),
 }
