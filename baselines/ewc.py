@@ -1,17 +1,22 @@
-"""EWC (Kirkpatrick et al., PNAS 2017, arXiv 1612.00796) on a LoRA update (as in Xiang et al., NeurIPS 2023).
+"""EWC (Kirkpatrick et al., PNAS 2017, arXiv 1612.00796) on a LoRA update (as in Xiang et al., NeurIPS 2023),
+normalised as the reference implementation (avalanche's `EWCPlugin`) so that published lambda values mean the same.
 
-Loss = L_task + (lambda / 2) * sum_modules sum F ⊙ (s B A)^2
+Loss = L_task + ewc_lambda * sum_modules sum F ⊙ (s B A)^2
 
-F is the diagonal Fisher of the *base* weights W0 of each adapted module (not of the LoRA tensors:
-at init the Fisher of A is zero because B = 0):
+(avalanche's penalty, no 1/2: Kirkpatrick's L + (lambda_K / 2) sum F Delta^2 is this with ewc_lambda = lambda_K / 2.)
 
-    F = (1 / N) sum_n (d/dW0 log p_base(y_n | x_n))^2,   y_n ~ p_base(. | x_n)
+F is the diagonal Fisher of the *base* weights W0 of each adapted module (not of the LoRA tensors: at init the
+Fisher of A is zero because B = 0), as avalanche's importance: the squared gradient of a mini-batch's *mean* loss,
+averaged over the mini-batches (the last one may be smaller; it counts as one):
 
-with x_n the retained calibration prompts and y_n the base's own sampled responses from the
-reference cache (sampled at the reference temperature, 1.0 by default, so this is the true Fisher,
-not the empirical one; with `eval.reference_sampling: false` the responses are greedy).
-log p(y | x) is the sum over response tokens; each sample's gradient is its own backward pass
-(batch size 1), so squares are per sample.
+    F = (1 / M) sum_m (d/dW0 [ (1 / T_m) sum_{n in batch m} sum_t -log p_base(y_nt | x_n, y_n<t) ])^2
+
+T_m the response tokens of mini-batch m (the training loss's token mean, `experiments.batching.sft_loss_sum`).
+Mini-batches are `fisher_batch_size` consecutive calibration pairs (null = the run's `train.batch_size`, avalanche's
+`train_mb_size`); padding is masked, so a padded batch gives the same F as each sequence at its own length.
+Adaptation: the old task is the retained domains, its data the retained calibration prompts x_n with the base's own
+responses y_n from the reference cache (sampled at the reference temperature, 1.0 by default; greedy with
+`eval.reference_sampling: false`), since the base's training data is not available.
 
 The Fisher is computed once per backbone x calibration data x seed x settings and stored on disk
 like the reference cache (`experiments.disk_cache`: keyed folder, exclusive lock, atomic rename),
@@ -32,12 +37,14 @@ from baselines.common import lora_delta, lora_layers
 from baselines.lora import LoRA, LoRAParams
 from experiments import disk_cache
 from experiments.activations import target_linears
-from experiments.calibration import CalibrationPair, calibration_pairs, seeded_subset
-from experiments.methods import RunContext, is_int, require
+from experiments.batching import sft_loss_sum, target_count
+from experiments.calibration import CalibrationPair, calibration_pairs, pair_example, seeded_subset
+from experiments.methods import MethodConfigError, RunContext, is_int, require
+from experiments.prompts import collate
 from experiments.progress import progress_bar
 from experiments.tensor_files import load_tensors, save_tensors
 
-FISHER_FORMAT_VERSION = 1
+FISHER_FORMAT_VERSION = 2  # 2: avalanche's normalisation (mean loss per mini-batch; 1 summed log p per sequence)
 FISHER_FILE = "fisher.safetensors"
 
 
@@ -46,38 +53,48 @@ def fisher_root(reference_cache_dir: Path) -> Path:
     return Path(reference_cache_dir).parent / "fisher"
 
 
+def fisher_batches(pairs: Sequence[CalibrationPair], batch_size: int) -> list[list[CalibrationPair]]:
+    """`pairs` cut into consecutive mini-batches of `batch_size` (the last may be smaller), as a DataLoader without
+    shuffling cuts a dataset."""
+    return [list(pairs[i: i + batch_size]) for i in range(0, len(pairs), batch_size)]
+
+
 def diagonal_fisher(
     model: torch.nn.Module,
     modules: dict[str, torch.nn.Linear],
     pairs: Sequence[CalibrationPair],
     device: torch.device,
+    batch_size: int,
+    pad_id: int,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Module name -> mean over `pairs` of the squared gradient of log p(response | prompt) w.r.t. its weight.
+    """Module name -> mean over mini-batches of `batch_size` pairs of the squared gradient, w.r.t. its weight, of the
+    mini-batch's mean response-token negative log-likelihood (nats per token).
 
-    One forward + backward per pair (no padding, so each gradient is exactly one sample's).
-    Only the listed weights require grad while this runs; flags are restored afterwards.
+    Each mini-batch is one right-padded forward + backward; padded positions carry no label and come after each
+    row's tokens, so they change no row's logits nor the mean. Only the listed weights require grad while this
+    runs; flags are restored afterwards.
     """
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     was_training = model.training
     fisher = {n: torch.zeros_like(m.weight, dtype=torch.float32) for n, m in modules.items()}
+    batches = fisher_batches(pairs, batch_size)
     try:
         for p in model.parameters():
             p.requires_grad_(False)
         for m in modules.values():
             m.weight.requires_grad_(True)
         model.eval()
-        for pair in progress_bar(pairs, desc="EWC Fisher", disable=not progress):
-            ids = torch.tensor([pair.prompt_ids + pair.response_ids], device=device)
-            n_p, n_r = len(pair.prompt_ids), len(pair.response_ids)
+        for chunk in progress_bar(batches, desc="EWC Fisher", disable=not progress):
+            batch = collate([pair_example(p) for p in chunk], pad_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
             with torch.enable_grad():
-                logits = model(input_ids=ids).logits[0, n_p - 1: n_p + n_r - 1].float()
-                logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, n_p:].unsqueeze(-1)).sum()
-                grads = torch.autograd.grad(logp, [m.weight for m in modules.values()])
+                loss = sft_loss_sum(model, batch) / target_count(batch)
+                grads = torch.autograd.grad(loss, [m.weight for m in modules.values()])
             for name, g in zip(modules, grads):
                 fisher[name] += g.float().pow(2)
         for f in fisher.values():
-            f /= max(len(pairs), 1)
+            f /= max(len(batches), 1)
     finally:
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])
@@ -86,21 +103,30 @@ def diagonal_fisher(
 
 
 def ewc_penalty(fisher: dict[str, torch.Tensor], deltas: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum over modules of sum F ⊙ delta^2 (unweighted; the loss adds lambda / 2)."""
+    """sum over modules of sum F ⊙ delta^2 (unweighted; the loss adds ewc_lambda times it)."""
     return torch.stack([(fisher[n].to(d.dtype) * d.pow(2)).sum() for n, d in deltas.items()]).sum()
 
 
 @dataclass(kw_only=True)
 class EWCParams(LoRAParams):
-    """LoRA's, plus the penalty weight `ewc_lambda` and the calibration sequences the Fisher averages over
-    (`max_sequences`, null = all)."""
+    """LoRA's, plus the penalty weight `ewc_lambda` (avalanche's: no 1/2), the calibration sequences the Fisher
+    averages over (`max_sequences`, null = all), its mini-batch size (`fisher_batch_size`, null = the run's
+    `train.batch_size`) and `definition` ("authors"; records of "2026-11" stay readable, that definition no longer
+    runs)."""
 
     ewc_lambda: float
     max_sequences: Optional[int]
+    fisher_batch_size: Optional[int]
+    definition: str
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require("definition", self.definition, self.definition == "authors",
+                '"authors" (records of the earlier definition "2026-11" stay readable; it no longer runs)')
         require("ewc_lambda", self.ewc_lambda, self.ewc_lambda >= 0, ">= 0")
+        require("fisher_batch_size", self.fisher_batch_size,
+                self.fisher_batch_size is None or (is_int(self.fisher_batch_size) and self.fisher_batch_size > 0),
+                "null (the run's train.batch_size) or an integer > 0")
         require("max_sequences", self.max_sequences,
                 self.max_sequences is None or (is_int(self.max_sequences) and self.max_sequences > 0),
                 "null (all calibration sequences) or an integer > 0")
@@ -120,8 +146,16 @@ class EWC(LoRA):
     def fisher_pairs(self, ctx: RunContext) -> list[CalibrationPair]:
         return seeded_subset(calibration_pairs(ctx), self.params.max_sequences, ctx.seed)
 
+    def fisher_batch_size(self, ctx: RunContext) -> int:
+        """Pairs per Fisher mini-batch: `fisher_batch_size`, else the run's training micro-batch size."""
+        size = self.params.fisher_batch_size or ctx.batch_size
+        if size is None:
+            raise MethodConfigError("method.fisher_batch_size is null and this run context has no train batch size; "
+                                    "set method.fisher_batch_size to an integer > 0")
+        return int(size)
+
     def fisher_key(self, ctx: RunContext, targets: list[str]) -> tuple[str, dict]:
-        """sha256 of backbone key + reference cache key + seed + settings."""
+        """sha256 of backbone key + reference cache key + seed + settings (the resolved Fisher batch size included)."""
         components = {
             "format_version": FISHER_FORMAT_VERSION,
             "backbone": ctx.backbone_key,
@@ -129,6 +163,7 @@ class EWC(LoRA):
             "seed": int(ctx.seed),
             "target_modules": sorted(targets),
             "max_sequences": self.params.max_sequences,
+            "fisher_batch_size": self.fisher_batch_size(ctx),
             "max_length": ctx.max_length,
             "dtype": ctx.dtype,
         }
@@ -142,9 +177,11 @@ class EWC(LoRA):
 
         def build(folder: Path) -> dict:
             pairs = self.fisher_pairs(ctx)
-            fisher = diagonal_fisher(model, modules, pairs, ctx.device, progress=ctx.progress)
+            size = components["fisher_batch_size"]
+            fisher = diagonal_fisher(model, modules, pairs, ctx.device, size, ctx.tokenizer.pad_token_id,
+                                     progress=ctx.progress)
             save_tensors(folder / FISHER_FILE, fisher)
-            return {"n_sequences": len(pairs)}
+            return {"n_sequences": len(pairs), "n_batches": len(fisher_batches(pairs, size))}
 
         t0 = time.perf_counter()
         entry = disk_cache.get_or_build(path, key, build, components)
@@ -157,6 +194,7 @@ class EWC(LoRA):
             fisher_cache_hit=entry.stats["hit"],
             fisher_load_seconds=time.perf_counter() - t0,
             fisher_sequences=entry.manifest.get("n_sequences"),
+            fisher_batches=entry.manifest.get("n_batches"),
             fisher_mean=float(sum(f.double().sum() for f in fisher.values()) / sum(f.numel() for f in fisher.values())),
         )
         self.fisher_path = entry.path
@@ -179,4 +217,4 @@ class EWC(LoRA):
     def extra_loss(self, model: torch.nn.Module, batch: dict, ctx: RunContext) -> Optional[torch.Tensor]:
         if self.params.ewc_lambda == 0:
             return None
-        return 0.5 * self.params.ewc_lambda * self.penalty(model)
+        return self.params.ewc_lambda * self.penalty(model)

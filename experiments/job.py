@@ -211,7 +211,7 @@ def run_context(typed: DictConfig, tokenizer: Any, benchmark: Benchmark, run_dir
                       target_modules=list(bb.target_modules), max_length=train_cfg.max_length,
                       chat_template=bb.chat_template, backbone_key=backbone_key(bb), dtype=bb.dtype,
                       cache_dir=eval_config(typed).resolved_cache_dir(), progress=train_cfg.progress,
-                      reference_fn=reference_fn)
+                      reference_fn=reference_fn, batch_size=train_cfg.batch_size)
 
 
 @dataclass

@@ -99,7 +99,8 @@ class RunContext:
     encoded example (`train.max_length`, else `backbone.max_length`); `chat_template`: whether prompts
     go through the tokenizer's chat template; `backbone_key`: the identity of the weights (cache keys);
     `dtype`: the backbone's dtype name; `cache_dir`: the reference-cache folder as evaluation resolves
-    it (disk caches of method statistics live next to it); `progress`: show progress bars.
+    it (disk caches of method statistics live next to it); `progress`: show progress bars; `batch_size`: the
+    sequences per training micro-batch (`train.batch_size`, else the backbone's; None outside a run).
     """
 
     tokenizer: Any
@@ -116,6 +117,7 @@ class RunContext:
     progress: bool = True
     reference_fn: Optional[Callable[[], Any]] = None
     step: int = 0
+    batch_size: Optional[int] = None
     extras: dict = field(default_factory=dict)
 
     def reference(self):
