@@ -151,12 +151,16 @@ def _report(args, api) -> int:
 
 def _tune(args) -> int:
     # here, not at the top: pandas and matplotlib load only for the subcommand that runs (`--help` stays fast)
-    from analysis.collect import threads_text
-    from analysis.tune import tune
+    from analysis.collect import collect, threads_text
+    from analysis.tune import earlier_definitions, tune
 
     if not args.close_se > 0:
         print(f"error: --close-se {args.close_se}: a number of standard errors > 0", file=sys.stderr)
         return 2
+    earlier = earlier_definitions(collect(args.dirs).table) if args.dirs else []
+    if earlier:
+        print(f"not tuned: records made under an earlier definition of their method ({', '.join(earlier)}); "
+              "train those methods again on dev")
     frame, written, firm, threads = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
                                 Path(args.out) if args.out else None, args.prefix, args.close_se)
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))

@@ -7,10 +7,19 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from suite_schema import registry, run_identity
+
 KNOBS = {
     "atlas": {"rank": 8, "alpha": 16, "gate_temperature": 1.0, "gate_quantile": 0.9, "target_modules": None},
     "lora": {"rank": 8, "alpha": 16, "dropout": 0.0, "target_modules": None},
 }
+
+
+def today(method: str) -> dict:
+    """The definition keys of a registered method at today's values (`run_identity.DEFINITION_KEYS`), so a synthetic
+    record of, say, `ewc` is read as today's EWC and not one made under its earlier definition."""
+    values = registry.methods()[method].values if method in registry.methods() else {}
+    return {k: values[k] for k in run_identity.DEFINITION_KEYS if k in values}
 
 
 def record(
@@ -31,11 +40,15 @@ def record(
     run_id: Optional[str] = None,
     end_time: str = "2026-01-01T00:00:00+00:00",
     split: Optional[str] = None,
+    earlier: bool = False,
 ) -> dict:
     """A record; `kl` maps domain -> kl_token_mean (default math 0.1, commonsense 0.2), `rates` maps
-    "math" -> answer_change_rate and "commonsense" -> choice_flip_rate."""
+    "math" -> answer_change_rate and "commonsense" -> choice_flip_rate. The method's definition keys are today's
+    unless `knobs` sets them; `earlier`: left out, as in a record made before they existed."""
     kl = {"math": 0.1, "commonsense": 0.2} if kl is None else kl
     knobs = dict(KNOBS.get(method, {"rank": 8}) if knobs is None else knobs)
+    if not earlier:
+        knobs = {**today(method), **knobs}
     config = {"method": {"_target_": f"pkg.{method}", "name": method, **knobs}, "backbone": {"name": backbone},
               "benchmark": {"name": benchmark, **({"split": split} if split else {})}, "train": {"steps": steps, "lr": lr, "warmup_steps": 10},
               "eval": {"max_new_tokens_code": 64}, "seed": seed}

@@ -242,7 +242,8 @@ def _dev_records_choosing(folder: Path, sha: str, n_points: int, prefix: str, tm
     """(dev records, number of committed point files) of a committed `dev_records` folder, after checking that every
     record is complete, on dev, one-thread and clean at `sha`, and that `analysis tune` over them writes
     conf/point/<prefix>_* exactly as committed."""
-    from analysis.tune import tune
+    from analysis.collect import collect
+    from analysis.tune import earlier_definitions, tune
 
     dev = [json.loads(p.read_text()) for p in sorted((REPO / folder / "dev_records").rglob("record.json"))]
     for r in dev:
@@ -250,10 +251,24 @@ def _dev_records_choosing(folder: Path, sha: str, n_points: int, prefix: str, tm
         assert r["split"] == "dev" and r["status"] == "complete" and r["cost"]["threads"] == 1, r["run_id"]
     _, written, _, _ = tune([str(REPO / folder / "dev_records")], REFERENCE, n_points, out=tmp_path, prefix=prefix)
     committed = sorted((REPO / "conf/point").glob(f"{prefix}_*.yaml"))
-    assert sorted(p.name for p in written) == [p.name for p in committed]
-    for p in committed:
+    # A method whose definition changed after its dev records were made gets no point from them; its committed points
+    # say so (stale) or name the method whose definition those records had (lwf_retained: the earlier lwf).
+    earlier = {m.partition("[")[0] for m in earlier_definitions(collect([REPO / folder / "dev_records"]).table)}
+    kept = [p for p in committed if not _from_an_earlier_definition(p.read_text())]
+    assert {_method_of(p.read_text()) for p in committed if p not in kept} - {"lwf_retained"} == earlier
+    assert all(_method_of(p.read_text()) != "lwf_retained" or "lwf" in earlier for p in committed)
+    assert sorted(p.name for p in written) == [p.name for p in kept]
+    for p in kept:
         assert (tmp_path / p.name).read_text() == p.read_text(), p.name
     return dev, len(committed)
+
+
+def _method_of(point: str) -> str:
+    return point.split("override /method: ", 1)[1].split()[0]
+
+
+def _from_an_earlier_definition(point: str) -> bool:
+    return "# Stale: chosen under" in point or "under its 2026-11 definition" in point
 
 
 def _assert_seed_0_trainings_are_the_dev_runs(trained: list[dict], folder: Path, sha: str) -> None:
@@ -321,7 +336,7 @@ def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were(
 def test_one_point_dev_records_choose_the_committed_points(tmp_path):
     dev, committed = _dev_records_choosing(ONE_POINT, ONE_POINT_SHA, 1, "micro_1pt", tmp_path)
     assert Counter(r["method"] for r in dev) == {"base": 1, **{m: 2 for m in PAPER_METHODS}}
-    assert committed == 8
+    assert committed == 9  # and lwf_retained, the earlier lwf
 
 
 def test_one_point_records_are_micro_main_1pt_at_the_committed_points():
