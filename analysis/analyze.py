@@ -32,6 +32,9 @@ class Analysis:
     domain_matched: pd.DataFrame     # its summary over seeds (column `domain`)
     answers: pd.DataFrame            # answer-level metrics of the primary-level choice, per seed
     answer_cols: list[tuple[str, str, str, str]] = field(default_factory=list)  # (column, label, better, unit)
+    pooled_seed: pd.DataFrame = field(default_factory=pd.DataFrame)  # as matched_seed, token-pooled KL
+    pooled: pd.DataFrame = field(default_factory=pd.DataFrame)       # its summary over seeds
+    dominance: pd.DataFrame = field(default_factory=pd.DataFrame)    # ATLAS against each method, mean and pooled KL
 
     @property
     def primary_level(self) -> MT.Level:
@@ -69,7 +72,9 @@ def analyze(
 ) -> Analysis:
     """Sweep points and frontiers of every domain, the matched-requirement values at every level (`gain:` levels
     as shares of `reference`'s gain, `analysis.matched`), the paired comparisons, the per-domain and answer-level
-    values at the primary level (default: the middle level)."""
+    values at the primary level (default: the middle level); the matched values again with the token-pooled KL
+    (`pareto.pooled_kl`, runs without it left out), and the dominance counts of ATLAS and each method with either KL
+    (`analysis.matched.dominance`)."""
     lv = [x if isinstance(x, MT.Level) else MT.parse_level(x) for x in levels]
     ref = MT.parse_reference(reference)
     if not lv:
@@ -83,6 +88,7 @@ def analyze(
         pre = f"retained/{dom}/"
         if pre + "adapted_accuracy" in runs.columns and pre + "base_accuracy" in runs.columns:
             runs[pre + "accuracy_delta"] = runs[pre + "adapted_accuracy"] - runs[pre + "base_accuracy"]
+    runs[pareto.POOLED_KL_COL] = pareto.pooled_kl(runs) if len(runs) else pd.Series(dtype=float)
     groups = sorted({(b, c) for b, c in zip(runs["backbone"], runs["benchmark"])}) if len(runs) else []
 
     trows = []
@@ -107,6 +113,10 @@ def analyze(
     mseed = MT.per_seed_matched(runs, lv, schema.KL_MEAN_COL, interpolate, trained, ref)
     msum = MT.summarize_matched(mseed, confidence)
     paired = MT.compare(mseed, M.REFERENCE, None, confidence)
+    pseed = MT.per_seed_matched(runs, lv, pareto.POOLED_KL_COL, interpolate, trained, ref)
+    psum = MT.summarize_matched(pseed, confidence)
+    dominance = pd.concat([MT.dominance(runs, M.REFERENCE, y, name) for y, name in
+                     ((schema.KL_MEAN_COL, "mean"), (pareto.POOLED_KL_COL, "pooled"))], ignore_index=True)
 
     dseeds, dsums = [], []
     for dom in doms:
@@ -123,7 +133,7 @@ def analyze(
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
-                    paired, domain_seed, domain_matched, answers, acols)
+                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

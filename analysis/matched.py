@@ -30,7 +30,7 @@ import pandas as pd
 from analysis import methods as M
 from analysis import schema
 from analysis.pareto import TOL, envelope_value, per_seed, run_fronts
-from analysis.stats import bootstrap_interval, paired, summarize
+from analysis.stats import bootstrap_interval, holm, paired, summarize
 
 DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
 DEFAULT_REFERENCE = "lora"
@@ -252,7 +252,7 @@ def summarize_matched(per_seed_df: pd.DataFrame, confidence: float = 0.95) -> pd
 
 COMPARE_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "reference", "method", "n_pairs",
                 "mean_diff", "lo", "hi", "boot_lo", "boot_hi", "t", "p_t", "wins", "losses", "p_sign",
-                "only_reference", "only_method"]
+                "only_reference", "only_method", "p_t_holm", "p_sign_holm"]
 
 
 def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Optional[Sequence[str]] = None,
@@ -265,6 +265,8 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
     the paired t statistic with its two-sided p (n - 1 degrees of freedom), the seeds where the
     reference is lower (wins) or higher (losses), and the exact two-sided sign-test p. Seeds where only
     one of the two reaches the level are counted in `only_reference` / `only_method`.
+    `p_t_holm`, `p_sign_holm`: `p_t` and `p_sign` Holm-corrected (`analysis.stats.holm`), each over its family: every
+    (method, level) comparison on the same backbone and benchmark that has that p-value.
     """
     rows = []
     keys = ["backbone", "benchmark", "level", "level_spec", "threshold"]
@@ -290,4 +292,56 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
     out = pd.DataFrame(rows, columns=COMPARE_COLS)
     for c in ("mean_diff", "lo", "hi", "boot_lo", "boot_hi", "t", "p_t", "p_sign"):
         out[c] = out[c].astype(float)
+    for raw in ("p_t", "p_sign"):
+        adjusted = pd.Series(float("nan"), index=out.index, dtype=float)
+        for _, g in out.groupby(["backbone", "benchmark"], sort=False):
+            adjusted[g.index] = [float("nan") if v is None else v for v in holm(list(g[raw]))]
+        out[f"{raw}_holm"] = adjusted
     return out
+
+
+DOMINANCE_COLS = ["backbone", "benchmark", "kl", "reference", "method", "seeds", "n_reference_points",
+                  "reference_dominated", "n_method_points", "method_dominated", "share_reference_dominated",
+                  "share_method_dominated"]
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether the (pass@1, KL) point `a` dominates `b`: pass@1 not lower, KL not higher, one of them strictly."""
+    return a[0] >= b[0] and a[1] <= b[1] and (a[0] > b[0] or a[1] < b[1])
+
+
+def dominance(df: pd.DataFrame, reference: str = M.REFERENCE, y_col: str = schema.KL_MEAN_COL,
+              kl_name: str = "mean", methods: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """Interpolation-free dominance of `reference` and each other method, per backbone and benchmark.
+
+    A measured point is one sweep point (a trained run at one post-hoc scale) on one seed, as recorded: its pass@1
+    (share of problems) and its `y_col` KL (nats per token), the mean of that seed's runs of the point (`per_seed`).
+    Over the seeds both methods ran: `reference_dominated` of the reference's `n_reference_points` points are
+    dominated (`dominates`) by a point of the method on the same seed, and `method_dominated` of the method's
+    `n_method_points` by one of the reference's; the shares are these counts over the points (NaN without points).
+    `kl`: `kl_name`, which KL `y_col` is.
+    """
+    pts = per_seed(df, [schema.TARGET_COL, y_col])
+    rows = []
+    for (bb, bench), g in pts.groupby(["backbone", "benchmark"], sort=True):
+        ref = g[g["method"] == reference]
+        if ref.empty:
+            continue
+        names = [m for m in M.ordered(g["method"]) if m not in (reference, M.BASE) and (methods is None or m in methods)]
+        for method in names:
+            oth = g[g["method"] == method]
+            seeds = sorted(set(ref["seed"]) & set(oth["seed"]))
+            counts = [0, 0, 0, 0]  # reference points, dominated; method points, dominated
+            for seed in seeds:
+                a = list(zip(ref[ref["seed"] == seed][schema.TARGET_COL], ref[ref["seed"] == seed][y_col]))
+                b = list(zip(oth[oth["seed"] == seed][schema.TARGET_COL], oth[oth["seed"] == seed][y_col]))
+                counts[0] += len(a)
+                counts[1] += sum(any(dominates(q, p) for q in b) for p in a)
+                counts[2] += len(b)
+                counts[3] += sum(any(dominates(p, q) for p in a) for q in b)
+            rows.append({"backbone": bb, "benchmark": bench, "kl": kl_name, "reference": reference, "method": method,
+                         "seeds": len(seeds), "n_reference_points": counts[0], "reference_dominated": counts[1],
+                         "n_method_points": counts[2], "method_dominated": counts[3],
+                         "share_reference_dominated": counts[1] / counts[0] if counts[0] else float("nan"),
+                         "share_method_dominated": counts[3] / counts[2] if counts[2] else float("nan")})
+    return pd.DataFrame(rows, columns=DOMINANCE_COLS)

@@ -18,6 +18,7 @@ value read between them).
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import pandas as pd
@@ -45,6 +46,28 @@ def domains(df: pd.DataFrame) -> list[str]:
 def kl_column(domain: Optional[str]) -> str:
     """The KL column of one retained domain, or the mean over domains for None / 'mean'."""
     return schema.KL_MEAN_COL if domain in (None, "mean") else f"retained/{domain}/kl_token_mean"
+
+
+#: The token-pooled retained KL (`pooled_kl`); computed by `analysis.analyze`, not carried by the records.
+POOLED_KL_COL = "retained_kl_pooled"
+
+
+def pooled_kl(df: pd.DataFrame) -> pd.Series:
+    """Per row, the retained KL pooled over tokens, in nats per token: the sum over retained domains of
+    kl_token_mean * n_tokens divided by the domains' total n_tokens, i.e. the mean over every scored token of every
+    domain (the headline `retained_kl_mean` instead averages the domains' token means, each domain weighing the
+    same). NaN for a row missing any domain's kl_token_mean or n_tokens, or with no tokens."""
+    doms = domains(df)
+    out = []
+    for _, r in df.iterrows():
+        kls = [r.get(f"retained/{d}/kl_token_mean") for d in doms]
+        ns = [r.get(f"retained/{d}/n_tokens") for d in doms]
+        vals = [(float(k), float(n)) for k, n in zip(kls, ns) if k is not None and n is not None
+                and not pd.isna(k) and not pd.isna(n)]
+        total = math.fsum(n for _, n in vals)
+        ok = doms and len(vals) == len(doms) and total > 0
+        out.append(math.fsum(k * n for k, n in vals) / total if ok else float("nan"))
+    return pd.Series(out, index=df.index, dtype=float)
 
 
 def domain_label(domain: Optional[str]) -> str:

@@ -33,7 +33,10 @@ OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
 
 TABLE_TEXT = {
     "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
-    "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test)",
+    "main_pooled": "The main table with the retained KL pooled over tokens (each domain weighs by its scored tokens)",
+    "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test; "
+              "raw and Holm-corrected p)",
+    "dominance": "Share of ATLAS's measured points dominated by a same-seed point of each method, and the reverse",
     "ablations": "The ATLAS variants at every level and their paired difference to ATLAS",
     "backbones": "KL at the primary level, one column per backbone",
     "domains": "Each retained domain's KL at the primary level (math vs commonsense)",
@@ -47,7 +50,12 @@ DATA_TEXT = {
     "pareto_points.csv": "sweep points per domain: seeds, mean and 95% interval of pass@1 and KL, on_frontier",
     "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point",
     "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% t and bootstrap intervals",
-    "paired.csv": "ATLAS against each method per level: pairs, mean difference, t and bootstrap intervals, t, p, sign test",
+    "paired.csv": "ATLAS against each method per level: pairs, mean difference, t and bootstrap intervals, t, p, sign test, "
+                  "Holm-corrected p (p_t_holm, p_sign_holm)",
+    "matched_pooled_per_seed.csv": "as matched_per_seed.csv with the token-pooled retained KL",
+    "matched_pooled_summary.csv": "as matched_summary.csv with the token-pooled retained KL",
+    "dominance.csv": "ATLAS against each method: measured points on shared seeds and how many the other dominates "
+                     "(kl: mean or pooled)",
     "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
     "answers_per_seed.csv": "per seed at the primary level: the chosen point's answer-level metrics",
 }
@@ -286,13 +294,17 @@ def write_report(
         tables.append((t, [f"tables/{t.name}.md", f"tables/{t.name}.tex"]))
 
     data = {
-        "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns if c.endswith("/accuracy_delta")]),
+        "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns
+                                         if c.endswith("/accuracy_delta") or c == pareto.POOLED_KL_COL]),
         "skipped.csv": col.skipped_frame(),
         "thresholds.csv": a.thresholds,
         "pareto_points.csv": a.points,
         "matched_per_seed.csv": a.matched_seed,
         "matched_summary.csv": a.matched,
         "paired.csv": a.paired,
+        "matched_pooled_per_seed.csv": a.pooled_seed,
+        "matched_pooled_summary.csv": a.pooled,
+        "dominance.csv": a.dominance,
         "domains_per_seed.csv": a.domain_seed,
         "answers_per_seed.csv": a.answers,
     }

@@ -243,3 +243,23 @@ def bootstrap_interval(values: Sequence[float], confidence: float = 0.95,
     means = xs[idx].mean(axis=1)
     lo, hi = np.quantile(means, [(1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0])
     return float(lo), float(hi)
+
+
+def holm(pvalues: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Holm's step-down adjusted p-values (each in [0, 1]) of a family of tests, in the order given.
+
+    The family is the entries that are numbers (None and NaN are no test: they stay None). With the m p-values
+    sorted, p_(1) <= ... <= p_(m), the adjusted value of p_(i) is min(1, max_{j <= i} (m - j + 1) p_(j)): a test is
+    rejected at level alpha, with the family-wise error rate held at alpha, exactly when its adjusted value is
+    <= alpha. Ties get equal adjusted values. Applied on top of the p-values computed above (`paired`, `sign_test`),
+    which it leaves as they are; SciPy has no Holm correction (`scipy.stats.false_discovery_control` is
+    Benjamini-Hochberg/Yekutieli, which controls the false discovery rate instead and is never above Holm).
+    """
+    tests = [i for i, p in enumerate(pvalues) if p is not None and not math.isnan(float(p))]
+    m = len(tests)
+    out: list[Optional[float]] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(tests, key=lambda i: float(pvalues[i]))):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out

@@ -1,7 +1,9 @@
 """The paper's tables, built from an `Analysis`: each a `render.Table`, written as Markdown and LaTeX.
 
 - main:      KL at the matched coding requirement, ATLAS and the baselines, every level
-- paired:    ATLAS against each other method at every level (paired over seeds)
+- main_pooled: the same with the token-pooled KL (every scored token of every domain weighs the same)
+- paired:    ATLAS against each other method at every level (paired over seeds), raw and Holm-corrected p
+- dominance: the share of ATLAS's measured points a same-seed point of each method dominates, and the reverse
 - ablations: the ATLAS variants at every level, and their paired difference to ATLAS
 - backbones: KL at the primary level, one column per backbone
 - domains:   each retained domain's KL at the primary level (each domain matched on its own KL)
@@ -84,14 +86,15 @@ def _level_header(lv: Level) -> str:
 
 
 def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool,
-                  data_column: bool = False) -> Table:
+                  data_column: bool = False, summ: Optional[pd.DataFrame] = None,
+                  what: str = "retained KL (token mean, averaged over retained domains)") -> Table:
     table = Table(name, title, group_header="Backbone")
     levels = a.levels
     first = 3 if data_column else 2  # the first level's column
     table.columns = ["Method", *(["Data"] if data_column else []), "Seeds", *[_level_header(lv) for lv in levels]]
     if extra_primary_diff:
         table.columns.append(f"Δ vs ATLAS ({_level_header(a.primary_level)})")
-    summ = a.matched
+    summ = a.matched if summ is None else summ
     for bb, bench in a.groups:
         present = summ[(summ["backbone"] == bb) & (summ["benchmark"] == bench)]
         names = names_of(present["method"].unique())
@@ -111,7 +114,7 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
     if not table.rows:
         table.absent = absent
         return table
-    table.notes = [_kl_note(a)] + _level_notes(a, levels)
+    table.notes = [_kl_note(a, what)] + _level_notes(a, levels)
     if data_column:
         table.notes.append("Data: what a method reads besides the target data (target only; the base's activations on "
                            "retained calibration prompts; the retained prompts with the base's responses or log-probs; "
@@ -139,6 +142,24 @@ def main_table(a: Analysis) -> Table:
         "No complete runs of ATLAS or of a baseline among the collected records.", False, data_column=True)
 
 
+POOLED_WHAT = ("retained KL pooled over tokens (the sum over retained domains of the token-mean KL times the domain's "
+               "scored tokens, over all scored tokens; nats per token)")
+
+
+def main_pooled_table(a: Analysis) -> Table:
+    """The main table read with the token-pooled KL (`analysis.pareto.pooled_kl`) instead of the mean over domains:
+    each domain weighs by its scored tokens."""
+    t = _matched_rows(
+        a, M.main_methods, "Retained KL pooled over tokens at matched coding requirement: ATLAS and baselines",
+        "main_pooled", "No complete runs of ATLAS or of a baseline whose records carry every retained domain's "
+        "n_tokens.", False, data_column=True, summ=a.pooled, what=POOLED_WHAT)
+    if t.absent is None:
+        t.notes.insert(1, "The main table weighs each retained domain equally (the mean of the domains' token means); "
+                          "here a domain weighs by its scored tokens. Runs whose records lack a domain's n_tokens are "
+                          "left out.")
+    return t
+
+
 def ablation_table(a: Analysis) -> Table:
     def names(ms):
         fam = M.ablation_methods(ms)
@@ -156,8 +177,8 @@ def ablation_table(a: Analysis) -> Table:
 def paired_table(a: Analysis) -> Table:
     table = Table("paired", "Paired comparison of ATLAS against each method across seeds", group_header="Backbone")
     table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI (t)", "95% CI (bootstrap)", "t", "p (paired t)",
-                     "ATLAS lower", "p (sign test)", "Unpaired"]
-    table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "l"]
+                     "p (paired t, Holm)", "ATLAS lower", "p (sign test)", "p (sign test, Holm)", "Unpaired"]
+    table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l"]
     p = a.paired
     if a.matched_seed.empty or not (a.matched_seed["method"] == M.REFERENCE).any():
         table.absent = "No complete ATLAS runs: there is nothing to compare the baselines against."
@@ -188,8 +209,10 @@ def paired_table(a: Analysis) -> Table:
                     Cell(fmt_interval(_f(r["lo"]), _f(r["hi"])) if n >= 2 else "n/a"),
                     Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n >= 2 else "n/a"),
                     Cell(t_text if n >= 2 else "n/a"), Cell(fmt_p(_f(r["p_t"])) if n >= 2 else "n/a"),
+                    Cell(fmt_p(_f(r["p_t_holm"])) if n >= 2 else "n/a"),
                     Cell(f"{int(r['wins'])}/{n}" if n else "n/a"),
                     Cell(fmt_p(_f(r["p_sign"])) if n else "n/a"),
+                    Cell(fmt_p(_f(r["p_sign_holm"])) if n else "n/a"),
                     Cell("; ".join(unpaired) if unpaired else ""),
                 ])
                 table.groups.append(group_label(bb, bench))
@@ -201,8 +224,56 @@ def paired_table(a: Analysis) -> Table:
         "paired t-test, n - 1 degrees of freedom. ATLAS lower: seeds where ATLAS has the lower KL. p (sign test): "
         "exact two-sided binomial sign test (ties dropped). n/a: fewer than two pairs. Unpaired: seeds where only "
         "one of the two reaches the level.",
+        "Holm: the p-value Holm-corrected (step-down) over the family of every comparison in this table on the "
+        "backbone that has one (each method at each level; the paired t and the sign test are corrected separately): "
+        "a comparison is significant at a family-wise level α when its Holm p ≤ α.",
         _kl_note(a).split(". (k/n")[0] + ".",
     ] + _level_notes(a, a.levels)
+    return table
+
+
+def _share(k: int, n: int) -> str:
+    return "n/a" if n == 0 else f"{k}/{n} ({100 * k / n:.0f}%)"
+
+
+def dominance_table(a: Analysis) -> Table:
+    """Per method: how many of ATLAS's measured points a same-seed measured point of the method dominates, and the
+    reverse (`analysis.matched.dominance`), with the mean-over-domains KL and with the token-pooled KL."""
+    table = Table("dominance", "Dominance between measured points: ATLAS and each method, same seed",
+                  group_header="Backbone")
+    d = a.dominance
+    if d.empty:
+        table.absent = ("No complete runs of ATLAS and of another trained method: there are no points to compare."
+                        if a.matched_seed.empty or not (a.matched_seed["method"] == M.REFERENCE).any()
+                        else "Only ATLAS runs were collected: there is no other method to compare against.")
+        return table
+    kls = [k for k in ("mean", "pooled") if (d["kl"] == k).any()]
+    table.columns = ["Method", "Seeds"]
+    for k in kls:
+        what = "mean KL" if k == "mean" else "pooled KL"
+        table.columns += [f"ATLAS points dominated ({what})", f"its points dominated by ATLAS ({what})"]
+    for bb, bench in a.groups:
+        g = d[(d["backbone"] == bb) & (d["benchmark"] == bench)]
+        for method in M.ordered(g["method"].unique()):
+            gm = g[g["method"] == method]
+            cells = [Cell(M.label(method)), Cell(str(int(gm["seeds"].max())))]
+            for k in kls:
+                r = gm[gm["kl"] == k]
+                if r.empty:
+                    cells += [Cell(DASH), Cell(DASH)]
+                    continue
+                r = r.iloc[0]
+                cells += [Cell(_share(int(r["reference_dominated"]), int(r["n_reference_points"]))),
+                          Cell(_share(int(r["method_dominated"]), int(r["n_method_points"])))]
+            table.rows.append(cells)
+            table.groups.append(group_label(bb, bench))
+    table.notes = [
+        "A measured point: one sweep point (a trained run at one post-hoc scale) on one seed, as recorded; nothing is "
+        "interpolated and no level enters. Point P dominates Q when P's pass@1 ≥ Q's and P's retained KL ≤ Q's, one of "
+        "them strictly. ATLAS points dominated: of ATLAS's points on the seeds both methods ran, those dominated by a "
+        "point of the method on the same seed; its points dominated by ATLAS: the reverse. Mean KL: the retained KL "
+        "averaged over domains (the main table's); pooled KL: pooled over tokens (main_pooled's).",
+    ]
     return table
 
 
@@ -343,7 +414,8 @@ def costs_table(a: Analysis) -> Table:
     return table
 
 
-BUILDERS = (main_table, paired_table, ablation_table, backbones_table, domains_table, answers_table, costs_table)
+BUILDERS = (main_table, main_pooled_table, paired_table, dominance_table, ablation_table, backbones_table,
+            domains_table, answers_table, costs_table)
 
 
 def all_tables(a: Analysis) -> list[Table]:
