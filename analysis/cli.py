@@ -145,6 +145,12 @@ def _report(args, api) -> int:
     print(f"{len(col.table)} complete runs; {len(col.skipped)} skipped; {len(rep.files)} files in {rep.folder}")
     if col.skipped:
         _print_skipped(col.skipped)
+    if rep.ledger is None:
+        print("no test-read ledger in or above the record folders")
+    else:
+        print(f"test reads: {len(rep.ledger.reads)} in {', '.join(rep.ledger.paths)}")
+        for problem in rep.ledger.problems:
+            print(f"  {problem}")
     print(f"index: {rep.folder / 'index.md'}")
     return 0
 

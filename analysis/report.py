@@ -20,7 +20,7 @@ import pandas as pd
 from analysis import figures as figure_render
 from analysis import matched as MT
 from analysis import methods as M
-from analysis import pareto, render
+from analysis import pareto, read_ledger, render
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
 from analysis.tables import all_tables, group_label
@@ -67,6 +67,7 @@ class Report:
     collection: Collection
     analysis: Analysis
     files: list[Path] = field(default_factory=list)
+    ledger: Optional[read_ledger.Ledger] = None  # the test-read ledger(s) in or above the record folders, if any
 
 
 def _csv(df: pd.DataFrame, path: Path) -> Path:
@@ -175,6 +176,7 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
     warns = warnings_of(a)
     if warns:
         lines += ["### Warnings", ""] + [f"- {_md(w)}" for w in warns] + [""]
+    lines += read_ledger.index_lines(rep.ledger, col.table, _md)
 
     lines += ["## Requirement levels", ""]
     lines.append("Levels: " + ", ".join(f"`{lv.spec}` ({lv.label})" for lv in a.levels)
@@ -280,7 +282,7 @@ def write_report(
     owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
     a = analyze(split_variants(col.table, variants), MT.parse_levels(levels), primary, interpolate, reference=reference)
-    rep = Report(folder, col, a)
+    rep = Report(folder, col, a, ledger=read_ledger.read_ledgers(dirs))
     if command is None:
         command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
                                   a.reference.spec, variants)

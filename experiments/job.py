@@ -21,7 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import records, rerun, reuse, run_lock
+from experiments import read_ledger, records, rerun, reuse, run_lock
 from experiments.backbones import (
     BackboneError,
     backbone_key,
@@ -271,6 +271,9 @@ class Job:
 
         costs = {"summary": summary, "stored_bytes": stored_bytes, "result": result}
         scales = records.extra_scales(self.eval_cfg.scales) if method.trains else []
+        todo = [a for a in scales if not records.is_complete(layout.scale_dir(self.run_dir, a),
+                                                             layout.scale_run_id(self.run_id, a))]
+        self.log_test_read([*todo, 1.0])
         # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
         # complete record.json means every requested scale is there too.
         for alpha in scales:
@@ -289,6 +292,24 @@ class Job:
         self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
         log.info("%s: complete; record %s", self.run_id, self.run_dir / layout.RECORD_NAME)
         return record
+
+    def log_test_read(self, scales: list[float]) -> None:
+        """On the test split: append this evaluation's line to `<run_root>/test_reads.jsonl` (`experiments.read_ledger`)
+        as it starts reading the split, before any metric, so a run that crashes or is killed while evaluating is
+        counted too. `scales`: the post-hoc scales this evaluation will read the split at. A dev run appends nothing.
+        (The base model's reference cache also reads the split; that is no read of a method's results.)"""
+        if self.benchmark.split != layout.EVALUATION_SPLIT:
+            return
+        sha, dirty = records.code_version()
+        train_cfg = self.base_record["config"].get("train") or {}
+        line = read_ledger.ledger_line(
+            run_id=self.run_id, method=self.method.name, knobs=self.base_record["knobs"],
+            train={key: train_cfg.get(key) for key in layout.TRAIN_KNOBS}, seed=self.typed.seed,
+            backbone=self.base_record["backbone"], benchmark=self.base_record["benchmark"], split=self.benchmark.split,
+            scales=scales, content_sha256=read_ledger.content_hash(self.benchmark), git_sha=sha, git_dirty=dirty)
+        path = read_ledger.log_read(Path(self.typed.run_root), line)
+        log.info("%s: test split read (scales %s) logged in %s", self.run_id,
+                 ", ".join(layout.scale_label(a) for a in scales), path)
 
     def base_model(self) -> torch.nn.Module:
         """A separately loaded frozen base: the reference is never the adapted model with adapters disabled."""

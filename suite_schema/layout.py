@@ -50,6 +50,33 @@ COST_KEYS = (
     "decode_tokens_per_s", "eval_seconds",
 )
 
+#: The ledger of test-split reads: `<run_root>/test_reads.jsonl`, one JSON object per line, appended by the runtime
+#: (`experiments.read_ledger`) when a run starts evaluating on `EVALUATION_SPLIT` (a dev run appends nothing) and read
+#: by `analysis report` (`analysis.read_ledger`). A committed result folder keeps it next to its `records/`.
+TEST_READS_NAME = "test_reads.jsonl"
+#: The keys of one ledger line: when (UTC, ISO 8601), the code (`git_sha`, `git_dirty` as in a record's provenance),
+#: the run (`run_id`, `method`, `knobs` as in its record, `train` = its `config.train` steps and lr, `seed`), what it
+#: read (`backbone`, `benchmark`, `split`, the post-hoc `scales` evaluated) and `content_sha256`: the sha256 of the
+#: split's evaluation items as the run loaded them (`experiments.read_ledger.content_hash`).
+TEST_READ_FIELDS = ("time", "git_sha", "git_dirty", "run_id", "method", "knobs", "train", "seed", "backbone",
+                    "benchmark", "split", "scales", "content_sha256")
+
+
+def ledger_line_problem(line: Any) -> Optional[str]:
+    """None when `line` (a parsed ledger line) carries every `TEST_READ_FIELDS` key with a usable type, else why not."""
+    if not isinstance(line, dict):
+        return f"a JSON {type_name(line)}, expected an object"
+    missing = [k for k in TEST_READ_FIELDS if k not in line]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for key in ("time", "run_id", "method", "backbone", "benchmark"):
+        if not isinstance(line[key], str) or not line[key]:
+            return f"{key!r} is {type_name(line[key])}, expected a non-empty string"
+    if not isinstance(line["knobs"], dict):
+        return f"'knobs' is {type_name(line['knobs'])}, expected an object"
+    return None
+
+
 _TYPE_NAMES = {int: "integer", float: "number", str: "string", dict: "object", list: "array", bool: "boolean"}
 
 

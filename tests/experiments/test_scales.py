@@ -55,6 +55,9 @@ def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path)
 
     third = run_cli(args("eval.scales=[0.25,1]"))
     assert third.returncode == 0 and "skipped (nothing to do)" in third.stdout
+    # The test-read ledger: one line per evaluation, naming the scales it read (the skipped launch read nothing).
+    reads = [json.loads(s) for s in (tmp_path / "runs" / "test_reads.jsonl").read_text().splitlines()]
+    assert [(r["run_id"], r["scales"]) for r in reads] == [(run_id, [0.0, 0.5, 1.0]), (run_id, [0.25, 1.0])]
 
     # The analysis reads them as one training run at four scales.
     from analysis.collect import collect
