@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   python -m analysis report runs --out report --reference lora:train.steps=600   # the point gain levels share
   python -m analysis report runs --out report --check      # re-run and compare with the committed report
   python -m analysis tune runs_dev --reference lora:train.steps=600 --points 2 --out conf/point --prefix micro_main
+  python -m analysis tune runs_dev --min-dev-seeds 1 --allow-edge ewc     # a smoke test: one dev seed, EWC at its edge
 """
 
 
@@ -70,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--prefix", default="micro_main", help="point file names: PREFIX_<method>_<i>.yaml")
     t.add_argument("--close-se", type=float, default=1.0, metavar="Z",
                    help="a point within Z standard errors of a level is a close call (default: %(default)s)")
+    t.add_argument("--allow-edge", nargs="+", default=[], metavar="METHOD",
+                   help="let these methods' picks at the edge of their grid through (refused otherwise); their point "
+                        "files say so")
+    t.add_argument("--min-dev-seeds", type=int, default=2, metavar="N",
+                   help="dev seeds every candidate needs (default: %(default)s; 1 for a smoke test)")
+    t.add_argument("--candidates", metavar="FOLDER",
+                   help="write the dev candidates table PREFIX_candidates.csv here (default: the --out folder)")
     return p
 
 
@@ -167,9 +175,20 @@ def _tune(args) -> int:
     if earlier:
         print(f"not tuned: records made under an earlier definition of their method ({', '.join(earlier)}); "
               "train those methods again on dev")
-    frame, written, firm, threads = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
-                                Path(args.out) if args.out else None, args.prefix, args.close_se)
+    tuned = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
+                 Path(args.out) if args.out else None, args.prefix, args.close_se, args.allow_edge,
+                 args.min_dev_seeds, Path(args.candidates) if args.candidates else None)
+    frame, written, firm, threads = tuned.choices, tuned.written, tuned.stability, tuned.threads
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if tuned.edges:
+        print("\nPicks at the edge of their grid:")
+        for e in tuned.edges:
+            why = ("let through by --allow-edge" if e.refused else
+                   "accepted" if not e.beyond else "not refused: it maximises pass@1")
+            print(f"  {e.method}: {e.text()} ({why})")
+    idle = sorted(set(args.allow_edge) - {e.method for e in tuned.edges if e.refused})
+    if idle:
+        print(f"  --allow-edge {' '.join(idle)}: no pick of these is at a refused edge")
     print(f"\nHow firm each choice is: points within {args.close_se:g} standard error(s) of a level (binomial over "
           "problems, the level's own error included) counted as reaching it, then as missing it:")
     for row in firm.itertuples():
@@ -187,4 +206,6 @@ def _tune(args) -> int:
         print(f"\nDev records trained with {threads_text(threads)}: re-make them that way to reproduce these choices.")
     for path in written:
         print(f"wrote {path}")
+    if tuned.candidates_path is not None:
+        print(f"wrote {tuned.candidates_path} (every dev candidate per method: knobs, seeds, pass@1 and KL)")
     return 0

@@ -23,6 +23,26 @@ another seed) or on the test split. The rule is applied twice more, once with ev
 reaching its level and once as not reaching it; a method whose chosen points under either reading differ from the
 measured choice is `close`, and that other choice is named. Standard errors are binomial over problems, sqrt(p (1 - p) / (problems x seeds)),
 for the point and for the level (the share of the reference's and the base's errors), combined in quadrature.
+
+Equal budgets, enforced (`tune` refuses, naming the methods, unless told otherwise):
+
+- **Same candidates and dev seeds.** Every tuned method has the same number of candidate points (its scale-1 sweep
+  points on dev) and every candidate the same number of dev seeds, at least `min_seeds` (2 by default: one seed
+  cannot tell a method's choice from its seed's luck). A method whose only candidate is the reference point is not
+  tuned here (its point is the reference; e.g. LoRA in a preset that tunes other methods against micro_tune's
+  reference): its seeds count, its candidate count does not.
+- **No pick at the edge of its grid.** A method's grid is, per knob its records vary, the values its candidates take.
+  A `high` or `low` pick (the least KL reaching a level) at the smallest or largest value of a knob means the least
+  KL may lie beyond the grid: the grid must be extended first. `grid_edges` names the edge and suggests the next
+  candidates beyond it, continuing the spacing next to the edge (geometric when the grid's steps are more even as
+  ratios than as differences, arithmetic otherwise) inside the knob's bounds (`KNOB_BOUNDS`; `train.steps` never
+  beyond the longest training among the dev records, the budget no method may exceed; an integer knob stays
+  integral). An edge with nothing beyond it (the knob's bound: ATLAS's conditioning 1, steps at the budget) is not a
+  grid artefact and passes. Not refused: the `reference` (fixed by the protocol, not chosen; the levels are its
+  shares) and the picks that maximise pass@1 rather than minimise KL, `high: not reached` and `fill`: a method
+  whose best dev pass@1 sits at the strong end of its grid and still misses the level is the honest outcome of the
+  budget, reported as a note with the candidates beyond. `allow_edge` lets named methods through; their point files
+  say so in a comment.
 """
 
 from __future__ import annotations
@@ -30,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import pandas as pd
 
@@ -248,9 +268,242 @@ def _default(method: str, knob: str):
     return None if spec is None else spec.values.get(knob)
 
 
-def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None) -> str:
+# knob -> (low, high, low excluded, high excluded): the values a knob can take (None: unbounded); a knob not named
+# here keeps the sign of its grid (>= 0 when every grid value is). `train.steps` is also capped by the budget.
+KNOB_BOUNDS: dict[str, tuple[Optional[float], Optional[float], bool, bool]] = {
+    "conditioning": (0.0, 1.0, False, False),   # ATLAS: 0 = plain LoRA ... 1 = full conditioning
+    "epsilon": (0.0, 1.0, True, True),          # InfLoRA: a share of the spectrum's energy
+    "rho": (0.0, 1.0, True, True),              # replay: a share of each micro-batch (1 would train on no target)
+    "gate_quantile": (0.0, 1.0, True, True),
+    "dropout": (0.0, 1.0, False, True),
+    "train.steps": (0.0, None, True, False),
+    "train.lr": (0.0, None, True, False),
+    "rank": (1.0, None, False, False),
+}
+REFUSED_ROLES = ("high", "low")              # the picks that minimise KL under a level: an edge is a grid artefact
+NOTED_ROLES = ("high: not reached", "fill")  # the picks that maximise pass@1: an edge is the budget's honest outcome
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A chosen point at the smallest or largest value of a knob of its method's grid, with the next candidates
+    beyond it (`beyond`; empty where the knob's bound is the edge: then `bound` says which)."""
+
+    method: str
+    role: str
+    knob: str
+    value: object
+    side: str                       # "smallest" or "largest"
+    grid: tuple
+    spacing: str                    # "geometric" or "arithmetic"
+    beyond: tuple
+    bound: str
+
+    @property
+    def refused(self) -> bool:
+        """Refused unless allowed: a KL-minimising pick with candidates left beyond the edge."""
+        return self.role in REFUSED_ROLES and bool(self.beyond)
+
+    def text(self) -> str:
+        grid = ", ".join(_num(v) for v in self.grid)
+        where = f"{self.knob}={self.value} is the {self.side} value of its grid [{grid}]"
+        if self.beyond:
+            return (f"{self.role} pick {where}; next candidates beyond it ({self.spacing}): "
+                    f"{', '.join(_num(v) for v in self.beyond)}")
+        return f"{self.role} pick {where}, the knob's bound ({self.bound}): nothing beyond"
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def grid_spacing(values: Sequence[float]) -> str:
+    """"geometric" when a sorted grid's steps are more even as ratios than as differences (all values > 0), else
+    "arithmetic". Two values are as even either way: geometric when they span a factor of 2 or more."""
+    diffs = [b - a for a, b in zip(values, values[1:])]
+    arith = max(diffs) / min(diffs)
+    if min(values) > 0:
+        logs = [math.log(b / a) for a, b in zip(values, values[1:])]
+        geo = max(logs) / min(logs)
+        if geo < arith - 1e-9 or (abs(geo - arith) <= 1e-9 and values[-1] / values[0] >= 2 - 1e-9):
+            return "geometric"
+    return "arithmetic"
+
+
+def next_beyond(values: Sequence[float], side: str, bounds: tuple = (None, None, False, False), integer: bool = False,
+                n: int = 2) -> tuple[list, str]:
+    """Up to `n` candidates beyond the `side` ("smallest" or "largest") end of a grid of distinct `values`, continuing
+    the spacing next to that end (`grid_spacing`), and its spacing. A step that leaves `bounds` (low, high, low
+    excluded, high excluded) lands on an included bound, or halves the distance to an excluded one; an integer knob
+    rounds and stops where no new integer is left."""
+    values = sorted(float(v) for v in values)
+    spacing = grid_spacing(values)
+    lo, hi, lo_open, hi_open = bounds
+    up = side == "largest"
+    prev, cur = (values[-2], values[-1]) if up else (values[1], values[0])
+    bound, bound_open = (hi, hi_open) if up else (lo, lo_open)
+
+    def inside(x: float) -> bool:
+        if lo is not None and (x < lo or (lo_open and x <= lo)):
+            return False
+        return hi is None or not (x > hi or (hi_open and x >= hi))
+
+    out: list = []
+    while len(out) < n:
+        nxt = cur * (cur / prev) if spacing == "geometric" else cur + (cur - prev)
+        if not inside(nxt):
+            if bound is None:
+                break
+            if not bound_open and cur != bound:
+                nxt = float(bound)
+            elif bound_open:
+                nxt = (cur + bound) / 2
+            else:
+                break
+        nxt = float(round(nxt)) if integer else float(f"{nxt:.4g}")
+        if nxt == cur or not inside(nxt) or (integer and nxt in values):
+            break
+        out.append(int(nxt) if integer else nxt)
+        prev, cur = cur, nxt
+    return out, spacing
+
+
+def _bounds(knob: str, grid: Sequence[float], budget: Optional[float]) -> tuple:
+    lo, hi, lo_open, hi_open = KNOB_BOUNDS.get(knob, (0.0 if min(grid) >= 0 else None, None, False, False))
+    if knob == "train.steps" and budget is not None:
+        hi, hi_open = budget, False
+    return lo, hi, lo_open, hi_open
+
+
+def _bound_text(knob: str, side: str, bounds: tuple, budget: Optional[float]) -> str:
+    lo, hi, _, _ = bounds
+    if knob == "train.steps" and side == "largest" and budget is not None:
+        return f"{_num(int(budget))} steps, the longest training among the dev records: the budget"
+    value = hi if side == "largest" else lo
+    return f"{knob} {'<=' if side == 'largest' else '>='} {_num(value)}" if value is not None else "no new value"
+
+
+def grid_edges(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choice]]) -> dict[tuple[str, str], list[Edge]]:
+    """Per dev group: every chosen point (but the reference) at the smallest or largest value of a numeric knob its
+    method's candidates vary, with the next candidates beyond it (module docstring)."""
+    out = {}
+    for (bb, bench), chosen in choices.items():
+        g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
+        steps = pd.to_numeric(g.get(f"{TRAIN_PREFIX}steps", pd.Series(dtype=float)), errors="coerce").dropna()
+        budget = float(steps.max()) if len(steps) else None
+        found = []
+        for c in chosen:
+            if c.role == "reference":
+                continue
+            gm = g[g["method"] == c.method]
+            rows, names, firsts = _points(gm, c.method)
+            grid_knobs = [_knobs(firsts, k, names, c.method) for k in rows]
+            for name, value in c.knobs:
+                grid = sorted({v for knobs in grid_knobs for n, v in knobs if n == name and _numeric(v)})
+                if len(grid) < 2 or not _numeric(value) or value not in (grid[0], grid[-1]):
+                    continue
+                side = "smallest" if value == grid[0] else "largest"
+                bounds = _bounds(name, grid, budget)
+                integer = isinstance(_default(c.method, name), int) and not isinstance(_default(c.method, name), bool)
+                beyond, spacing = next_beyond(grid, side, bounds, integer)
+                found.append(Edge(c.method, c.role, name, value, side, tuple(grid), spacing, tuple(beyond),
+                                  "" if beyond else _bound_text(name, side, bounds, budget)))
+        out[(bb, bench)] = found
+    return out
+
+
+class Refused(ValueError):
+    """`tune` will not write points: unequal budgets or picks at the edge of their grid (one line per method)."""
+
+
+def budget_check(df: pd.DataFrame, reference: "str | MT.Reference", min_seeds: int = 2) -> list[str]:
+    """The lines of a refusal when the dev records do not give every tuned method the same number of candidates and
+    every candidate the same number of dev seeds, at least `min_seeds` (module docstring); [] when they do."""
+    if min_seeds < 1:
+        raise ValueError(f"min dev seeds {min_seeds}: at least 1")
+    lines = []
+    for bb, bench in dev_groups(df):
+        g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
+        ref_key = MT.reference_point(df, bb, bench, reference)
+        counts = {}
+        for method in M.ordered(g["method"]):
+            if method == M.BASE:
+                continue
+            seeds = per_seed(g[g["method"] == method], [schema.TARGET_COL, schema.KL_MEAN_COL])
+            per_point = seeds.groupby("sweep_key")["seed"].nunique()
+            counts[method] = (len(per_point), sorted(set(int(n) for n in per_point)), set(per_point.index) == {ref_key})
+        candidates = {n for n, _, reference_only in counts.values() if not reference_only}
+        seed_counts = {n for _, ns, _ in counts.values() for n in ns}
+        problems = (["unequal numbers of candidates"] if len(candidates) > 1 else []) + \
+                   (["unequal numbers of dev seeds"] if len(seed_counts) > 1 else []) + \
+                   ([f"fewer than {min_seeds} dev seeds"] if seed_counts and min(seed_counts) < min_seeds else [])
+        if problems:
+            lines.append(f"{bb}/{bench}: {'; '.join(problems)} (every tuned method needs the same number of candidates, "
+                         f"each evaluated at the same number of dev seeds, at least {min_seeds}; --min-dev-seeds "
+                         "lowers it for a smoke test):")
+            for method, (n, ns, reference_only) in counts.items():
+                seeds_text = f"{ns[0]}-{ns[-1]}" if len(ns) > 1 else str(ns[0])
+                lines.append(f"  {method}: {n} candidate(s)"
+                             + (" (the reference only: not tuned, not counted)" if reference_only else "")
+                             + f", {seeds_text} dev seed(s) per candidate")
+    return lines
+
+
+def candidates_frame(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choice]],
+                     edges: dict[tuple[str, str], list[Edge]], allow_edge: Sequence[str] = ()) -> pd.DataFrame:
+    """Every dev candidate (scale-1 sweep point) per method, the base included, so a choice can be audited: its
+    varied knobs, seeds, dev pass@1 and retained KL (mean, sample standard deviation over seeds, per-seed values in
+    seed order), the role it was chosen in (empty: not chosen) and, for a chosen point at its grid's edge, what
+    happened to it."""
+    cols = ["backbone", "benchmark", "method", "knobs", "seeds", "n_seeds", "pass@1", "pass@1_sd", "pass@1_per_seed",
+            "kl", "kl_sd", "kl_per_seed", "chosen", "edge"]
+    rows = []
+    for (bb, bench), chosen in choices.items():
+        g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
+        roles = {(c.method, c.knobs): c.role for c in chosen}
+        notes: dict[tuple, list[str]] = {}
+        for e in edges.get((bb, bench), []):
+            c = next(c for c in chosen if c.method == e.method and c.role == e.role and (e.knob, e.value) in c.knobs)
+            what = ("allowed (--allow-edge)" if e.method in allow_edge else "refused") if e.refused else \
+                   ("the knob's bound" if not e.beyond else "not refused (maximises pass@1)")
+            notes.setdefault((c.method, c.knobs), []).append(
+                f"{e.knob} {e.side} ({what}" + (f"; beyond: {', '.join(_num(v) for v in e.beyond)})" if e.beyond
+                                                else ")"))
+        methods = M.ordered(g["method"])
+        for method in [m for m in methods if m == M.BASE] + [m for m in methods if m != M.BASE]:
+            gm = g[g["method"] == method]
+            _, names, firsts = _points(gm, method)
+            seeds = per_seed(gm, [schema.TARGET_COL, schema.KL_MEAN_COL]).sort_values("seed")
+            found = []
+            for key, sd in seeds.groupby("sweep_key", sort=False):
+                knobs = _knobs(firsts, key, names, method)
+                p1, kl = sd[schema.TARGET_COL], sd[schema.KL_MEAN_COL]
+                found.append({"backbone": bb, "benchmark": bench, "method": method, "knobs": knob_text(knobs),
+                              "seeds": ",".join(str(int(x)) for x in sd["seed"]), "n_seeds": len(sd),
+                              "pass@1": float(p1.mean()), "pass@1_sd": float(p1.std()) if len(sd) > 1 else float("nan"),
+                              "pass@1_per_seed": "; ".join(f"{v:.4f}" for v in p1),
+                              "kl": float(kl.mean()), "kl_sd": float(kl.std()) if len(sd) > 1 else float("nan"),
+                              "kl_per_seed": "; ".join(f"{v:.4f}" for v in kl),
+                              "chosen": roles.get((method, knobs), "" if method != M.BASE else "base"),
+                              "edge": "; ".join(notes.get((method, knobs), [])), "_order": _sort_key(knobs)})
+            rows += sorted(found, key=lambda r: r["_order"])
+    frame = pd.DataFrame(rows, columns=cols + ["_order"])
+    return frame.drop(columns="_order")
+
+
+def _sort_key(knobs: tuple) -> tuple:
+    return tuple((0, float(v), "") if _numeric(v) else (1, 0.0, str(v)) for _, v in knobs)
+
+
+def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None,
+               notes: Sequence[str] = ()) -> str:
     """The conf/point file of one chosen point; `threads` (from `thread_counts`) adds how the dev records were
-    trained, which a re-run must match to reproduce the choice exactly."""
+    trained, which a re-run must match to reproduce the choice exactly; each of `notes` is one more comment line
+    (a pick let through at the edge of its grid)."""
     method_knobs = {k: v for k, v in choice.knobs if not k.startswith("train.")}
     train_knobs = {k[len("train."):]: v for k, v in choice.knobs if k.startswith("train.")}
 
@@ -264,6 +517,8 @@ def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]
     if threads:
         lines.insert(2, f"# Dev records trained with {threads_text(threads)} (`cost.threads`); other thread counts "
                         "round differently and can choose otherwise near a level.")
+    at = lines.index("defaults:")
+    lines[at:at] = [f"# {note}" for note in notes]
     if method_knobs:
         lines.append(f"method: {block(method_knobs)}")
     if train_knobs:
@@ -272,9 +527,10 @@ def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]
 
 
 def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix: str, level_text: str,
-                 threads: Optional[dict[int, int]] = None) -> list[Path]:
-    """Write `<out>/<prefix>_<method>_<i>.yaml` for every choice (one dev group only); earlier files of this
-    prefix that are not rewritten are removed, so a preset globbing `<prefix>_*` reads exactly these."""
+                 threads: Optional[dict[int, int]] = None, notes: Optional[dict[Choice, list[str]]] = None) -> list[Path]:
+    """Write `<out>/<prefix>_<method>_<i>.yaml` for every choice (one dev group only), with `notes` of a choice as
+    comment lines; earlier files of this prefix that are not rewritten are removed, so a preset globbing
+    `<prefix>_*` reads exactly these."""
     if len(choices) != 1:
         raise ValueError(f"points are written for one dev group at a time; the records hold {sorted(choices)}")
     out.mkdir(parents=True, exist_ok=True)
@@ -284,7 +540,7 @@ def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix
         counts[choice.method] = counts.get(choice.method, 0) + 1
         path = out / f"{prefix}_{choice.method}_{counts[choice.method]}.yaml"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(point_text(choice, level_text, threads))
+        tmp.write_text(point_text(choice, level_text, threads, (notes or {}).get(choice, ())))
         tmp.replace(path)
         written.append(path)
     for stale in sorted(out.glob(f"{prefix}_*.yaml")):
@@ -316,20 +572,68 @@ def earlier_definitions(table: pd.DataFrame) -> list[str]:
     return sorted(m for m in set(table["method"]) if "[" in m)
 
 
+class Tuned(NamedTuple):
+    """What `tune` found: the choices (`choices_frame`), the point files written, the stability check
+    (`stability_frame`), the records' thread counts (`thread_counts`), every chosen point at its grid's edge (the
+    refused ones let through by `allow_edge`), the dev candidates (`candidates_frame`) and where that table was
+    written (None: not written)."""
+
+    choices: pd.DataFrame
+    written: list[Path]
+    stability: pd.DataFrame
+    threads: dict[int, int]
+    edges: list[Edge]
+    candidates: pd.DataFrame
+    candidates_path: Optional[Path]
+
+
+def edge_note(edge: Edge) -> str:
+    """The point file's comment for a pick let through at the edge of its grid."""
+    return f"At the edge of its grid, let through by `--allow-edge {edge.method}`: {edge.text()}."
+
+
 def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, high: float = 0.9,
-         out: Optional[Path] = None, prefix: str = "micro_main",
-         z: float = 1.0) -> tuple[pd.DataFrame, list[Path], pd.DataFrame, dict[int, int]]:
-    """Collect dev records from `dirs`, choose every method's points, and (with `out`) write their point files;
-    returns the choices, the files written, the stability check at `z` standard errors and the records' intra-op
-    thread counts (`thread_counts`)."""
+         out: Optional[Path] = None, prefix: str = "micro_main", z: float = 1.0, allow_edge: Sequence[str] = (),
+         min_seeds: int = 2, candidates_dir: Optional[Path] = None) -> Tuned:
+    """Collect dev records from `dirs`, choose every method's points, refuse (`Refused`) unequal budgets and picks at
+    the edge of their grid that `allow_edge` does not name (module docstring), and (with `out`) write their point
+    files and, next to them or in `candidates_dir`, the dev candidates as `<prefix>_candidates.csv`."""
     table = collect(dirs).table
     if table.empty:
         raise ValueError(f"no complete records under {list(dirs)}")
     table = table[~table["method"].isin(earlier_definitions(table))]  # a point is chosen for a method that runs today
     choices = choose_points(table, reference, n_points, low, high)
+    tuned = {c.method for cs in choices.values() for c in cs}
+    unknown = sorted(set(allow_edge) - tuned)
+    if unknown:
+        raise ValueError(f"--allow-edge {' '.join(unknown)}: no such tuned method (tuned: {', '.join(sorted(tuned))})")
+    lines = budget_check(table, reference, min_seeds)
+    edges = grid_edges(table, choices)
+    refused = [e for es in edges.values() for e in es if e.refused and e.method not in allow_edge]
+    if refused:
+        lines.append("picks at the edge of their grid (extend the grid beyond the edge and tune again, or let a "
+                     "method through with --allow-edge METHOD):")
+        for method in dict.fromkeys(e.method for e in refused):
+            lines.append(f"  {method}: " + "; ".join(e.text() for e in refused if e.method == method))
+    if lines:
+        raise Refused("tune refuses:\n" + "\n".join(lines))
     level_text = (f"levels {low:g} and {high:g} of the dev gain of {MT.parse_reference(reference).spec} over the "
                   "base model")
     threads = thread_counts(table)
-    written = write_points(choices, Path(out), prefix, level_text, threads) if out is not None else []
-    return (choices_frame(choices), written, stability_frame(stability(table, reference, n_points, low, high, z)),
-            threads)
+    notes: dict[Choice, list[str]] = {}
+    for group, es in edges.items():
+        for e in es:
+            if e.refused:
+                c = next(c for c in choices[group] if c.method == e.method and c.role == e.role
+                         and (e.knob, e.value) in c.knobs)
+                notes.setdefault(c, []).append(edge_note(e))
+    written = write_points(choices, Path(out), prefix, level_text, threads, notes) if out is not None else []
+    candidates = candidates_frame(table, choices, edges, allow_edge)
+    folder = Path(candidates_dir) if candidates_dir is not None else (Path(out) if out is not None else None)
+    path = None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{prefix}_candidates.csv"
+        candidates.to_csv(path, index=False, lineterminator="\n", float_format="%.6g")
+    return Tuned(choices_frame(choices), written, stability_frame(stability(table, reference, n_points, low, high, z)),
+                 threads, [e for es in edges.values() for e in es], candidates, path)

@@ -1,5 +1,6 @@
 """Equal tuning budget (analysis/tune.py): every method's points chosen by one rule from dev-split records, worked
-out by hand; dev records never mix with test records; the written point files."""
+out by hand; dev records never mix with test records; the written point files; unequal budgets and picks at the
+edge of their grid refused (with the candidates beyond the edge), unless let through; the dev candidates table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from analysis_synth import record, write
 from analysis import schema
 from analysis.cli import main
 from analysis.collect import make_table
-from analysis.tune import choose_points, pass1_se, stability, tune
+from analysis.tune import Refused, choose_points, grid_spacing, next_beyond, pass1_se, stability, tune
 
 # dev pass@1, KL per grid point (seed 0); the reference is LoRA at 600 steps: base 0, hi 0.6 -> low 0.3, high 0.54
 LORA = {150: (0.20, 0.01), 300: (0.40, 0.05), 450: (0.55, 0.10), 600: (0.60, 0.20)}
@@ -74,11 +75,16 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     out.mkdir()
     (out / "micro_main_olora_1.yaml").write_text("stale\n")
     (out / "micro_lora_s300.yaml").write_text("kept: other prefix\n")
-    frame, written, _, threads = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out,
-                                      prefix="micro_main")
+    # one dev seed: let through explicitly (min_seeds=1); no pick is at a refused edge of its grid
+    frame, written, _, threads, edges, _, candidates = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2,
+                                                            out=out, prefix="micro_main", min_seeds=1)
     assert threads == {}  # these records carry no `cost.threads`: the files say nothing about it
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)] + ["micro_lora_s300.yaml"])
+        [f"micro_main_{m}_{i}.yaml" for m in ("atlas", "lora", "ewc") for i in (1, 2)]
+        + ["micro_lora_s300.yaml", "micro_main_candidates.csv"])
+    assert candidates == out / "micro_main_candidates.csv"
+    assert not any(e.refused for e in edges)
+    assert not any("At the edge" in p.read_text() for p in written)
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
     assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 600}}
     assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10}
@@ -89,7 +95,8 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     assert "(reference: levels" in (out / "micro_main_lora_1.yaml").read_text()
     assert "dev pass@1 0.6000, retained KL 0.2000" in (out / "micro_main_lora_1.yaml").read_text()
     assert list(frame["role"]).count("high") == 1 and list(frame["role"]).count("reference") == 1
-    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0"]) == 2
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--points", "0",
+                 "--min-dev-seeds", "1"]) == 2
     assert "points 0: at least 1" in capsys.readouterr().err
 
 
@@ -104,7 +111,7 @@ def test_point_files_say_which_thread_count_made_the_dev_records_and_a_mix_is_wa
         write(tmp_path / "two" / "runs", rec)
     out = tmp_path / "two" / "point"
     assert main(["tune", str(tmp_path / "two" / "runs"), "--reference", "lora:train.steps=600", "--points", "2",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--min-dev-seeds", "1"]) == 0
     printed = capsys.readouterr().out
     assert "Dev records trained with 2 intra-op thread(s): re-make them that way" in printed
     assert "warning" not in printed
@@ -116,7 +123,8 @@ def test_point_files_say_which_thread_count_made_the_dev_records_and_a_mix_is_wa
     for rec in recs:
         write(tmp_path / "mixed", rec)
     ones = sum(r["cost"]["threads"] == 1 for r in recs)
-    assert main(["tune", str(tmp_path / "mixed"), "--reference", "lora:train.steps=600", "--points", "2"]) == 0
+    assert main(["tune", str(tmp_path / "mixed"), "--reference", "lora:train.steps=600", "--points", "2",
+                 "--min-dev-seeds", "1"]) == 0
     assert (f"warning: the dev records were trained with different intra-op thread counts (1 thread(s): {ones} "
             f"records, 2 thread(s): {len(recs) - ones} records; `cost.threads`)") in capsys.readouterr().out
 
@@ -147,9 +155,176 @@ def test_stability_names_the_methods_whose_choice_hangs_on_points_within_their_e
 
     for rec in dev_records():
         write(tmp_path / "runs", rec)
-    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600"]) == 0
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--min-dev-seeds", "1"]) == 0
     out = capsys.readouterr().out
     assert "  atlas: close: the other reading chooses conditioning=0.25 | conditioning=1.0; close points:" in out
     assert "  lora: firm (close points that do not change it:" in out
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--close-se", "0"]) == 2
     assert "--close-se 0.0: a number of standard errors > 0" in capsys.readouterr().err
+
+
+def two_seeds(recs):
+    """The records at seeds 0 and 1, pass@1 +-0.01 and KL x1.1 / x0.9 around the one-seed values (the same means);
+    the base stays at 0."""
+    out = []
+    for r in recs:
+        for seed, dp, fk in ((0, 0.01, 1.1), (1, -0.01, 0.9)):
+            base = r["method"] == "base"
+            kl = {d: v["kl_token_mean"] * fk for d, v in r["metrics"]["retained"].items()}
+            knobs = {k: v for k, v in r["knobs"].items() if k != "name"}
+            out.append(record(r["method"], seed, r["metrics"]["target"]["pass@1"] + (0 if base else dp), kl,
+                              knobs=knobs, steps=r["config"]["train"]["steps"], split="dev"))
+    return out
+
+
+# EWC's least KL reaching the low level (0.3) is its largest lambda: the grid may stop short of the choice
+EWC_EDGE = {10.0: (0.50, 0.03), 100.0: (0.45, 0.02), 1000.0: (0.40, 0.01), 10000.0: (0.35, 0.005)}
+# LwF on an arithmetic grid: lambda 4 reaches the high level (0.54) at the least KL
+LWF = {1.0: (0.60, 0.08), 2.0: (0.58, 0.06), 3.0: (0.56, 0.05), 4.0: (0.55, 0.04)}
+
+
+def edge_records():
+    recs = [r for r in dev_records() if r["method"] != "ewc"]
+    recs += [record("ewc", 0, p, {"math": kl, "commonsense": kl}, knobs={"ewc_lambda": lam}, split="dev")
+             for lam, (p, kl) in EWC_EDGE.items()]
+    recs += [record("lwf", 0, p, {"math": kl, "commonsense": kl}, knobs={"lwf_lambda": lam}, split="dev")
+             for lam, (p, kl) in LWF.items()]
+    return two_seeds(recs)
+
+
+def test_a_pick_at_the_edge_of_its_grid_is_refused_with_the_candidates_beyond_it(tmp_path, capsys):
+    for rec in edge_records():
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "point"
+    with pytest.raises(Refused) as refused:
+        tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out)
+    lines = str(refused.value).splitlines()
+    # one line per refused method: the edge, its grid, and the next candidates continuing the grid's spacing:
+    # EWC's grid is geometric (x10) -> 1e5, 1e6; LwF's arithmetic (+1) -> 5, 6
+    assert ("  ewc: low pick ewc_lambda=10000.0 is the largest value of its grid [10, 100, 1000, 10000]; next "
+            "candidates beyond it (geometric): 100000, 1e+06") in lines
+    assert ("  lwf: high pick lwf_lambda=4.0 is the largest value of its grid [1, 2, 3, 4]; next candidates beyond "
+            "it (arithmetic): 5, 6") in lines
+    # not refused: LoRA's reference (600 steps: the protocol's budget), EWC's "high: not reached" pick at its
+    # strongest end (lambda 10: the honest outcome), ATLAS's conditioning 1 (the knob's bound, nothing beyond)
+    assert not any(line.startswith(("  lora", "  atlas")) for line in lines)
+    assert sum(line.startswith("  ewc") for line in lines) == 1 and "ewc_lambda=10.0" not in str(refused.value)
+    assert not out.exists()  # nothing written
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--out", str(out)]) == 2
+    assert "error: tune refuses:" in capsys.readouterr().err
+
+    # let through by name: the run passes, and the point files of the allowed picks say so
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--out", str(out),
+                 "--allow-edge", "ewc", "lwf"]) == 0
+    printed = capsys.readouterr().out
+    assert "  ewc: high: not reached pick ewc_lambda=10.0 is the smallest value of its grid [10, 100, 1000, 10000]; " \
+           "next candidates beyond it (geometric): 1, 0.1 (not refused: it maximises pass@1)" in printed
+    assert "  atlas: high pick conditioning=1.0 is the largest value of its grid [0.25, 0.5, 0.75, 1]," in printed
+    assert "the knob's bound (conditioning <= 1): nothing beyond (accepted)" in printed
+    low = (out / "micro_main_ewc_2.yaml").read_text()
+    assert ("# At the edge of its grid, let through by `--allow-edge ewc`: low pick ewc_lambda=10000.0 is the largest "
+            "value of its grid [10, 100, 1000, 10000]; next candidates beyond it (geometric): 100000, 1e+06.\n"
+            "defaults:") in low
+    assert yaml.safe_load(low)["method"] == {"ewc_lambda": 10000.0}
+    assert "At the edge" not in (out / "micro_main_ewc_1.yaml").read_text()  # not reached: not refused, no note
+    assert "let through by `--allow-edge lwf`" in (out / "micro_main_lwf_1.yaml").read_text()
+    assert not any("At the edge" in (out / f"micro_main_{m}_{i}.yaml").read_text()
+                   for m in ("lora", "atlas") for i in (1, 2))
+    # only ewc: lwf is still refused; a name that is no tuned method is an error, not a silent pass
+    with pytest.raises(Refused, match=r"\n  lwf: high pick") as only_ewc:
+        tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc"])
+    assert "  ewc:" not in str(only_ewc.value)
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--allow-edge", "ewc", "lwf",
+                 "olora"]) == 2
+    assert "--allow-edge olora: no such tuned method (tuned: atlas, ewc, lora, lwf)" in capsys.readouterr().err
+
+
+def test_the_candidates_beyond_an_edge_continue_the_grid_inside_the_knob_s_bounds():
+    assert grid_spacing([1, 30, 1000, 30000]) == "geometric" and grid_spacing([0.05, 0.1, 0.5, 1]) == "geometric"
+    assert grid_spacing([0.25, 0.5, 0.75, 1]) == "arithmetic" and grid_spacing([150, 300, 450, 600]) == "arithmetic"
+    assert grid_spacing([-1, 0, 1]) == "arithmetic"
+    # two values: geometric from a factor of 2 up
+    assert grid_spacing([300, 600]) == "geometric" and grid_spacing([0.75, 1.0]) == "arithmetic"
+    assert next_beyond([1e-5, 3e-5, 1e-4, 3e-4], "largest") == ([9e-4, 2.7e-3], "geometric")
+    assert next_beyond([1e-5, 3e-5, 1e-4, 3e-4], "smallest") == ([3.333e-6, 1.111e-6], "geometric")
+    # an excluded bound is approached by halving the distance: InfLoRA's epsilon < 1, replay's rho < 1
+    assert next_beyond([0.95, 0.97, 0.98, 0.99], "largest", (0.0, 1.0, True, True)) == ([0.995, 0.9975], "arithmetic")
+    assert next_beyond([0.95, 0.97, 0.98, 0.99], "smallest", (0.0, 1.0, True, True))[0] == [0.93, 0.91]
+    assert next_beyond([0.25, 0.5], "largest", (0.0, 1.0, True, True))[0] == [0.75, 0.875]
+    # an included bound is the last candidate (conditioning 0 = plain LoRA); at the bound, nothing is beyond
+    assert next_beyond([0.25, 0.5, 0.75, 1.0], "smallest", (0.0, 1.0, False, False))[0] == [0.0]
+    assert next_beyond([0.25, 0.5, 0.75, 1.0], "largest", (0.0, 1.0, False, False))[0] == []
+    # steps > 0 and at most the budget; an integer knob stays integral (CorDA's rank)
+    assert next_beyond([150, 300, 450, 600], "smallest", (0.0, 600.0, True, False), integer=True)[0] == [75, 38]
+    assert next_beyond([150, 300, 450, 600], "largest", (0.0, 600.0, True, False), integer=True)[0] == []
+    assert next_beyond([16, 32, 64, 128], "smallest", (1.0, None, False, False), integer=True)[0] == [8, 4]
+    assert next_beyond([16, 32, 64, 128], "largest", (1.0, None, False, False), integer=True)[0] == [256, 512]
+    assert next_beyond([1, 2], "smallest", (1.0, None, False, False), integer=True)[0] == []
+
+
+def test_unequal_candidates_or_dev_seeds_are_refused_naming_the_methods(tmp_path, capsys):
+    both = two_seeds(dev_records())
+    # two seeds everywhere, the same 4 candidates per method: passes at the default (>= 2 dev seeds)
+    for rec in both:
+        write(tmp_path / "equal", rec)
+    assert main(["tune", str(tmp_path / "equal"), "--reference", "lora:train.steps=600"]) == 0
+    capsys.readouterr()
+    # one seed: refused by default, let through for a smoke test
+    for rec in dev_records():
+        write(tmp_path / "one", rec)
+    assert main(["tune", str(tmp_path / "one"), "--reference", "lora:train.steps=600"]) == 2
+    err = capsys.readouterr().err
+    assert "micro/micro@dev: fewer than 2 dev seeds" in err
+    assert "\n  ewc: 4 candidate(s), 1 dev seed(s) per candidate\n" in err
+    assert main(["tune", str(tmp_path / "one"), "--reference", "lora:train.steps=600", "--min-dev-seeds", "1"]) == 0
+    capsys.readouterr()
+    # EWC with 3 candidates, one ATLAS candidate with a single seed
+    uneven = [r for r in both if not (r["method"] == "ewc" and r["knobs"]["ewc_lambda"] == 100.0)
+              and not (r["method"] == "atlas" and r["knobs"]["conditioning"] == 0.5 and r["seed"] == 1)]
+    for rec in uneven:
+        write(tmp_path / "uneven", rec)
+    with pytest.raises(Refused) as refused:
+        tune([str(tmp_path / "uneven")], "lora:train.steps=600", 2)
+    lines = str(refused.value).splitlines()
+    assert lines[1].startswith("micro/micro@dev: unequal numbers of candidates; unequal numbers of dev seeds; fewer "
+                               "than 2 dev seeds (every tuned method needs the same number of candidates")
+    assert lines[2:5] == ["  atlas: 4 candidate(s), 1-2 dev seed(s) per candidate",
+                          "  lora: 4 candidate(s), 2 dev seed(s) per candidate",
+                          "  ewc: 3 candidate(s), 2 dev seed(s) per candidate"]
+    # a method whose only candidate is the reference is not tuned here: its candidate count does not count
+    ref_only = [r for r in both if r["method"] != "lora" or r["config"]["train"]["steps"] == 600]
+    for rec in ref_only:
+        write(tmp_path / "ref_only", rec)
+    tuned = tune([str(tmp_path / "ref_only")], "lora:train.steps=600", 2)
+    assert list(tuned.choices["method"]).count("lora") == 1
+    with pytest.raises(ValueError, match="min dev seeds 0: at least 1"):
+        tune([str(tmp_path / "ref_only")], "lora:train.steps=600", 2, min_seeds=0)
+
+
+def test_the_candidates_table_lists_every_dev_candidate_with_its_seeds_and_what_was_chosen(tmp_path):
+    for rec in edge_records():
+        write(tmp_path / "runs", rec)
+    tuned = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=tmp_path / "point",
+                 allow_edge=["ewc", "lwf"], candidates_dir=tmp_path / "audit")
+    assert tuned.candidates_path == tmp_path / "audit" / "micro_main_candidates.csv"
+    assert not (tmp_path / "point" / "micro_main_candidates.csv").exists()  # the folder named instead
+    import pandas as pd
+
+    frame = pd.read_csv(tuned.candidates_path, keep_default_na=False)
+    assert list(frame.columns) == ["backbone", "benchmark", "method", "knobs", "seeds", "n_seeds", "pass@1",
+                                   "pass@1_sd", "pass@1_per_seed", "kl", "kl_sd", "kl_per_seed", "chosen", "edge"]
+    assert list(frame["method"]) == ["base"] + ["atlas"] * 4 + ["lora"] * 4 + ["ewc"] * 4 + ["lwf"] * 4
+    assert set(frame["seeds"]) == {"0,1"} and set(frame["n_seeds"]) == {2}
+    ewc = frame[frame["method"] == "ewc"].set_index("knobs")
+    assert list(ewc.index) == ["ewc_lambda=10.0", "ewc_lambda=100.0", "ewc_lambda=1000.0", "ewc_lambda=10000.0"]
+    top = ewc.loc["ewc_lambda=10000.0"]
+    assert top["pass@1"] == pytest.approx(0.35) and top["pass@1_per_seed"] == "0.3600; 0.3400"
+    assert top["pass@1_sd"] == pytest.approx(0.0141421, abs=1e-6)
+    assert top["kl"] == pytest.approx(0.005) and top["kl_per_seed"] == "0.0055; 0.0045"
+    assert top["chosen"] == "low" and top["edge"] == "ewc_lambda largest (allowed (--allow-edge); beyond: 100000, 1e+06)"
+    assert ewc.loc["ewc_lambda=10.0", "chosen"] == "high: not reached"
+    assert ewc.loc["ewc_lambda=10.0", "edge"] == "ewc_lambda smallest (not refused (maximises pass@1); beyond: 1, 0.1)"
+    assert ewc.loc["ewc_lambda=100.0", "chosen"] == "" and ewc.loc["ewc_lambda=100.0", "edge"] == ""
+    lora = frame[frame["method"] == "lora"].set_index("knobs")
+    assert lora.loc["train.steps=600", "chosen"] == "reference" and lora.loc["train.steps=600", "edge"] == ""
+    assert frame.iloc[0]["chosen"] == "base" and frame.iloc[0]["pass@1_per_seed"] == "0.0000; 0.0000"
