@@ -298,6 +298,7 @@ class Edge:
     spacing: str                    # "geometric" or "arithmetic"
     beyond: tuple
     bound: str
+    knobs: tuple = ()               # the chosen point's knobs (`Choice.knobs`)
 
     @property
     def refused(self) -> bool:
@@ -411,7 +412,7 @@ def grid_edges(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choice]]) -
                 integer = isinstance(_default(c.method, name), int) and not isinstance(_default(c.method, name), bool)
                 beyond, spacing = next_beyond(grid, side, bounds, integer)
                 found.append(Edge(c.method, c.role, name, value, side, tuple(grid), spacing, tuple(beyond),
-                                  "" if beyond else _bound_text(name, side, bounds, budget)))
+                                  "" if beyond else _bound_text(name, side, bounds, budget), c.knobs))
         out[(bb, bench)] = found
     return out
 
@@ -435,7 +436,7 @@ def budget_check(df: pd.DataFrame, reference: "str | MT.Reference", min_seeds: i
                 continue
             seeds = per_seed(g[g["method"] == method], [schema.TARGET_COL, schema.KL_MEAN_COL])
             per_point = seeds.groupby("sweep_key")["seed"].nunique()
-            counts[method] = (len(per_point), sorted(set(int(n) for n in per_point)), set(per_point.index) == {ref_key})
+            counts[method] = (len(per_point), sorted({int(n) for n in per_point}), set(per_point.index) == {ref_key})
         candidates = {n for n, _, reference_only in counts.values() if not reference_only}
         seed_counts = {n for _, ns, _ in counts.values() for n in ns}
         problems = (["unequal numbers of candidates"] if len(candidates) > 1 else []) + \
@@ -464,13 +465,12 @@ def candidates_frame(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choic
     rows = []
     for (bb, bench), chosen in choices.items():
         g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
-        roles = {(c.method, c.knobs): c.role for c in chosen}
+        roles = {(c.method, knob_text(c.knobs)): c.role for c in chosen}  # text: a NaN knob still matches
         notes: dict[tuple, list[str]] = {}
         for e in edges.get((bb, bench), []):
-            c = next(c for c in chosen if c.method == e.method and c.role == e.role and (e.knob, e.value) in c.knobs)
             what = ("allowed (--allow-edge)" if e.method in allow_edge else "refused") if e.refused else \
                    ("the knob's bound" if not e.beyond else "not refused (maximises pass@1)")
-            notes.setdefault((c.method, c.knobs), []).append(
+            notes.setdefault((e.method, knob_text(e.knobs)), []).append(
                 f"{e.knob} {e.side} ({what}" + (f"; beyond: {', '.join(_num(v) for v in e.beyond)})" if e.beyond
                                                 else ")"))
         methods = M.ordered(g["method"])
@@ -488,8 +488,8 @@ def candidates_frame(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choic
                               "pass@1_per_seed": "; ".join(f"{v:.4f}" for v in p1),
                               "kl": float(kl.mean()), "kl_sd": float(kl.std()) if len(sd) > 1 else float("nan"),
                               "kl_per_seed": "; ".join(f"{v:.4f}" for v in kl),
-                              "chosen": roles.get((method, knobs), "" if method != M.BASE else "base"),
-                              "edge": "; ".join(notes.get((method, knobs), [])), "_order": _sort_key(knobs)})
+                              "chosen": roles.get((method, knob_text(knobs)), "" if method != M.BASE else "base"),
+                              "edge": "; ".join(notes.get((method, knob_text(knobs)), [])), "_order": _sort_key(knobs)})
             rows += sorted(found, key=lambda r: r["_order"])
     frame = pd.DataFrame(rows, columns=cols + ["_order"])
     return frame.drop(columns="_order")
@@ -624,8 +624,7 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
     for group, es in edges.items():
         for e in es:
             if e.refused:
-                c = next(c for c in choices[group] if c.method == e.method and c.role == e.role
-                         and (e.knob, e.value) in c.knobs)
+                c = next(c for c in choices[group] if (c.method, c.role, c.knobs) == (e.method, e.role, e.knobs))
                 notes.setdefault(c, []).append(edge_note(e))
     written = write_points(choices, Path(out), prefix, level_text, threads, notes) if out is not None else []
     candidates = candidates_frame(table, choices, edges, allow_edge)
