@@ -29,9 +29,27 @@ OVERHEAD_H = 0.05              # loading, atlas / Fisher / covariances, about 3 
 A100_FACTOR = 2.5
 # (items, max new tokens) per evaluation suite: HumanEval + MBPP, GSM8K, CommonsenseQA.
 SUITES = ((164 + 257, "max_new_tokens_code"), (500, "max_new_tokens_math"), (500, "max_new_tokens_choice"))
-# The main sweep on one backbone: paper_tune's grid on test, 3 seeds: 28 x 3 runs at the default length, LoRA's
-# 4 x 3 at a quarter to one (mean 0.625), and 3 base runs.
-MAIN_SWEEP = ((84, 3, 1.0), (12, 0, 0.625))
+
+
+def grid_points() -> tuple[int, int]:
+    """(points of the shared tuning grid, `conf/point/tune_*.yaml`; LoRA's paper points, `paper_tune_lora_*.yaml`)."""
+    point = registry.CONF / "point"
+    return len(list(point.glob("tune_*.yaml"))), len(list(point.glob("paper_tune_lora_*.yaml")))
+
+
+GRID, LORA_GRID = grid_points()
+
+
+def preset_seeds(preset: str) -> int:
+    """How many seeds preset `preset` sweeps (its `hydra.sweeper.params.seed`, e.g. "0,1,2")."""
+    values = registry.group_values("experiment", preset)
+    return len(str(values["hydra"]["sweeper"]["params"]["seed"]).split(","))
+
+
+MAIN_SEEDS, TUNE_SEEDS = preset_seeds("paper_main"), preset_seeds("paper_tune")
+# The main sweep on one backbone: paper_tune's grid on test at 3 seeds, the grid at the default length, LoRA's points
+# at a quarter to one (mean 0.625), and the base at each seed.
+MAIN_SWEEP = ((MAIN_SEEDS * GRID, MAIN_SEEDS, 1.0), (MAIN_SEEDS * LORA_GRID, 0, 0.625))
 # Runs each preset adds (backbone, trained, base, mean training length as a multiple of train/paper's steps).
 PRESETS = {
     "paper_main": [("qwen3-8b", *runs) for runs in MAIN_SWEEP],
@@ -39,8 +57,8 @@ PRESETS = {
     "paper_retained": [("qwen3-8b", 168, 0, 1.0)],
     # 18 runs at half, 15 at one (3 shared with paper_main), 18 at two epochs
     "paper_ablations": [("qwen3-8b", 18, 0, 0.5), ("qwen3-8b", 15, 0, 1.0), ("qwen3-8b", 18, 0, 2.0)],
-    # 28 runs at the default length, LoRA's 4 at a quarter to one (mean 0.625); on the dev split
-    "paper_tune": [("qwen3-8b", 28, 1, 1.0), ("qwen3-8b", 4, 0, 0.625)],
+    # the grid at the default length, LoRA's points at a mean 0.625, the base; seeds 0 and 1 on the dev split
+    "paper_tune": [("qwen3-8b", TUNE_SEEDS * GRID, TUNE_SEEDS, 1.0), ("qwen3-8b", TUNE_SEEDS * LORA_GRID, 0, 0.625)],
 }
 # Presets whose seed-0 trained runs are another preset's trainings on the dev split: run with
 # `reuse_training_from=[<that preset's run_root>]` they evaluate those models instead of training them again

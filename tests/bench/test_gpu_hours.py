@@ -19,10 +19,15 @@ def test_every_paper_preset_is_priced_and_scales_cost_evaluations(capsys):
 def test_reusing_the_tuning_sweep_s_trainings_saves_exactly_their_training_hours(capsys):
     hours = {b: gpu_hours.run_hours(b) for b in gpu_hours.PAPER_BACKBONES}
     main = gpu_hours.preset_hours(gpu_hours.PRESETS["paper_main"], 5, hours)
-    # paper_tune trains 28 runs at the full length and LoRA's 4 at a mean 0.625 of it, all of them paper_main's seed 0
-    saved = (28 + 4 * 0.625) * hours["qwen3-8b"][0]
+    # paper_tune trains the grid at the full length and LoRA's points at a mean 0.625 of it, at seeds 0 and 1, all of
+    # them paper_main's runs (its seeds 0 and 1)
+    grid, lora = gpu_hours.grid_points()
+    assert (grid, lora) == (32, 4)  # 8 methods x 4 points (conf/point/tune_*), LoRA's 4 steps
+    saved = 2 * (grid + lora * 0.625) * hours["qwen3-8b"][0]
     assert gpu_hours.REUSES == {"paper_main": "paper_tune"} and 0 < saved < main
     gpu_hours.main()
     out = capsys.readouterr().out
-    assert f"| `paper_main` | 99 | {main:.0f} |" in out
-    assert f"| `paper_main` after `paper_tune`, `reuse_training_from` | 99 (32 not trained again) | {main - saved:.0f} |" in out
+    runs = 3 * (grid + lora + 1)
+    assert f"| `paper_main` | {runs} | {main:.0f} |" in out
+    assert f"| `paper_main` after `paper_tune`, `reuse_training_from` | {runs} ({2 * (grid + lora)} not trained again) | " \
+           f"{main - saved:.0f} |" in out

@@ -176,7 +176,7 @@ def test_overrides_that_do_not_change_the_science_run_once(overrides, tmp_path):
     proc = run_cli(["-m", "method=base", "train.log_every=5,10", *overrides(tmp_path / "runs")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "1 duplicate(s) of another job (not run twice)" in proc.stdout, sweep_lines(proc.stdout)
-    assert proc.stdout.count("[run] ") == 2  # "[run] <id>: ..." start and complete lines of one run
+    assert proc.stdout.count(": complete; record ") == 1  # one run's "[run] <id>: complete; record ..." line
 
 
 @pytest.mark.slow
