@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -51,22 +51,29 @@ def knob_text(v: Any) -> Optional[str]:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def defined_method(method: str, knobs: dict) -> str:
-    """`method`, or `method[key=value,...]` naming each of `run_identity.DEFINITION_KEYS` the registered method has
-    whose value in the record's `knobs` differs from the method's value today; a record without the key ran at its
-    earlier value (`run_identity.LATER_KEYS`). So `lwf` recorded before LwF distilled on the new task's inputs reads
-    `lwf[distill_on=retained,temperature=1]`, and no record is counted as a method it was not."""
-    spec = registry.methods().get(method)
-    if spec is None:
-        return method
+def named_away(method: str, defaults: dict, keys: Sequence[str], value_of: Callable[[str], Any]) -> str:
+    """`method`, or `method[key=value,...]` naming, in the order of `keys`, each key in `defaults` whose value
+    (`value_of(key)`) differs from its default (a null value is named `null`). A missing or null value is null,
+    except for a key in `run_identity.LATER_KEYS`, where it is the value runs computed before the key existed."""
     parts = []
-    for key in run_identity.DEFINITION_KEYS:
-        if key not in spec.values:
+    for key in keys:
+        if key not in defaults:
             continue
-        value = knob_text(knobs[key]) if key in knobs else knob_text(run_identity.LATER_KEYS.get(f"method.{key}"))
-        if value != knob_text(spec.values[key]):
+        value = knob_text(value_of(key))
+        if value is None:
+            value = knob_text(run_identity.LATER_KEYS.get(f"method.{key}"))
+        if value != knob_text(defaults[key]):
             parts.append(f"{key}={'null' if value is None else value}")
     return f"{method}[{','.join(parts)}]" if parts else method
+
+
+def defined_method(method: str, knobs: dict) -> str:
+    """`method`, or `method[key=value,...]` naming each of `run_identity.DEFINITION_KEYS` the registered method has
+    whose value in the record's `knobs` differs from the method's value today (`named_away`); a record without the
+    key ran at its earlier value. So `lwf` recorded before LwF distilled on the new task's inputs reads
+    `lwf[distill_on=retained,temperature=1]`, and no record is counted as a method it was not."""
+    spec = registry.methods().get(method)
+    return method if spec is None else named_away(method, spec.values, run_identity.DEFINITION_KEYS, knobs.get)
 
 
 def domain_kind(entry: dict) -> str:

@@ -16,7 +16,7 @@ from typing import Sequence
 import pandas as pd
 
 from analysis import schema
-from suite_schema import registry, run_identity
+from suite_schema import registry
 
 
 def method_defaults(method: str) -> dict:
@@ -31,17 +31,7 @@ def variant_name(method: str, row: pd.Series, keys: Sequence[str]) -> str:
 
     A missing or null knob is null, except for a key in `run_identity.LATER_KEYS`, where it is the value runs computed
     before the key existed."""
-    defaults = method_defaults(method)
-    parts = []
-    for key in keys:
-        if key not in defaults:
-            continue
-        value = schema.knob_text(row.get(schema.KNOB_PREFIX + key))
-        if value is None:
-            value = schema.knob_text(run_identity.LATER_KEYS.get(f"method.{key}"))
-        if value != schema.knob_text(defaults[key]):
-            parts.append(f"{key}={'null' if value is None else value}")
-    return f"{method}[{','.join(parts)}]" if parts else method
+    return schema.named_away(method, method_defaults(method), keys, lambda key: row.get(schema.KNOB_PREFIX + key))
 
 
 def split_variants(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:

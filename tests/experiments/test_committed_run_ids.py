@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from analysis.schema import defined_method
 from experiments.config import validate_config
 from suite_schema import registry, run_identity
 from suite_schema.layout import RECORD_NAME, SCALES_DIR
@@ -39,13 +40,10 @@ def committed_records() -> dict[str, tuple[Path, dict]]:
     return out
 
 
-def earlier_definition(record: dict) -> list[str]:
-    """The definition keys (`run_identity.DEFINITION_KEYS`) at which a record's method ran otherwise than it runs today
-    (the record lacks the key, so it ran at the earlier value `LATER_KEYS` names): such a run cannot be made again."""
-    today = registry.method_values(record["config"]["method"]["name"])
-    method = record["config"]["method"]
-    return [key for key in run_identity.DEFINITION_KEYS if key in today
-            and method.get(key, run_identity.LATER_KEYS[f"method.{key}"]) != today[key]]
+def earlier_definition(record: dict) -> bool:
+    """Whether a record's method ran under an earlier definition than today's (`analysis.schema.defined_method`): such
+    a run cannot be made again."""
+    return defined_method(record["method"], record["knobs"]) != record["method"]
 
 
 def _text(value) -> str:
@@ -99,8 +97,7 @@ def test_committed_run_ids_recompute_from_todays_config_tree(capsys):
                 was, is_now = _flat(record["config"]), _flat(now)
                 changed[run_id] = (path, {k: (was.get(k, ABSENT), is_now.get(k, ABSENT))
                                           for k in sorted(set(was) | set(is_now)) if was.get(k, ABSENT) != is_now.get(k, ABSENT)})
-    redefined = {run_id: earlier_definition(record) for run_id, (_, record) in records.items()
-                 if earlier_definition(record)}
+    redefined = [run_id for run_id, (_, record) in records.items() if earlier_definition(record)]
     # Only the five baselines that follow their authors since 2026-12 (CHANGELOG.md) are redefined.
     assert {records[run_id][1]["method"] for run_id in redefined} <= {"lwf", "inflora", "ewc", "corda", "loranull"}
     with capsys.disabled():

@@ -220,17 +220,17 @@ def test_a_nan_loss_or_gradient_stops_training_at_that_step_without_its_checkpoi
     assert [p.name for p in checkpoint_paths(tmp_path)] == ["step_00000001.pt", "step_00000002.pt"]
 
 
-class StoppedAt(LoRA):
+class StoppedAt(SignalAt):
     """LoRA that stops its own process (SIGSTOP) after a given step; a helper process continues it `seconds` later."""
 
     def __init__(self, at_step, seconds, **kw):
-        super().__init__(build_named("lora", **kw).params)
-        self.at_step, self.seconds = at_step, seconds
+        super().__init__(at_step, signal.SIGSTOP, **kw)
+        self.seconds = seconds
 
     def after_step(self, model, ctx):
         if ctx.step == self.at_step:
             subprocess.Popen(["sh", "-c", f"sleep {self.seconds}; kill -CONT {os.getpid()}"])
-            os.kill(os.getpid(), signal.SIGSTOP)
+        super().after_step(model, ctx)
 
 
 @pytest.mark.trains
