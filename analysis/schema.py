@@ -8,7 +8,8 @@ The record's layout and its validation are `suite_schema.layout` (shared with th
     scale, sweep_key, train_key,
     knob/<name> (every `knobs` entry but `name`), knob/train.steps, knob/train.lr,
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
-    retained/<domain>/<metric> (kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
+    retained/<domain>/<metric> (near items: kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
+    retained_far/<domain>/<metric> (far items, the same metrics, where the record has them),
     retained/<domain>/kind (math | choice | other), cost/<field>, train/final_loss, train/steps,
     provenance/git_sha, provenance/git_dirty, provenance/end_time, provenance/machine (CPU model / vector ISA / CUDA
     device, only for records that carry it), config_key.
@@ -24,7 +25,15 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from suite_schema import registry, run_identity
-from suite_schema.layout import ACCURACY_KEYS, RATE_KEYS, TRAIN_KNOBS, benchmark_label, is_number
+from suite_schema.layout import (
+    ACCURACY_KEYS,
+    RATE_KEYS,
+    TRAIN_KNOBS,
+    benchmark_label,
+    is_number,
+    retained_far,
+    retained_near,
+)
 
 # The coding axis (higher is better) and the headline retained axis (lower is better).
 TARGET_COL = "target/pass@1"
@@ -117,6 +126,24 @@ def sweep_key(method: str, backbone: str, benchmark: str, knobs: dict, scale: fl
     return _digest({"method": method, "backbone": backbone, "benchmark": benchmark, "knobs": knobs, "scale": scale})
 
 
+def _domain_columns(row: dict, domains: dict, prefix: str) -> None:
+    """`<prefix>/<domain>/<metric>` columns of one set of retained domains (near: `retained`, far: `retained_far`)."""
+    for dom, entry in sorted(domains.items()):
+        pre = f"{prefix}/{dom}/"
+        row[pre + "kind"] = domain_kind(entry)
+        for key in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n"):
+            if is_number(entry.get(key)):
+                row[pre + key] = float(entry[key]) if key.startswith("kl") else entry[key]
+        for key in RATE_KEYS:
+            inner = entry.get(key)
+            if isinstance(inner, dict) and is_number(inner.get("rate")):
+                row[pre + key] = float(inner["rate"])
+        for key in ACCURACY_KEYS:
+            inner = entry.get(key)
+            if isinstance(inner, dict) and is_number(inner.get("accuracy")):
+                row[pre + key] = float(inner["accuracy"])
+
+
 def to_row(record: dict, source: str) -> dict:
     """The flat row of a valid complete record (see the module docstring for the columns)."""
     knobs = knobs_of(record)
@@ -144,20 +171,8 @@ def to_row(record: dict, source: str) -> dict:
         if is_number(value):
             row[f"target/{key}"] = float(value) if key.startswith("pass@") else value
     row[KL_MEAN_COL] = float(metrics["retained_kl_mean"])
-    for dom, entry in sorted(metrics["retained"].items()):
-        pre = f"retained/{dom}/"
-        row[pre + "kind"] = domain_kind(entry)
-        for key in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n"):
-            if is_number(entry.get(key)):
-                row[pre + key] = float(entry[key]) if key.startswith("kl") else entry[key]
-        for key in RATE_KEYS:
-            inner = entry.get(key)
-            if isinstance(inner, dict) and is_number(inner.get("rate")):
-                row[pre + key] = float(inner["rate"])
-        for key in ACCURACY_KEYS:
-            inner = entry.get(key)
-            if isinstance(inner, dict) and is_number(inner.get("accuracy")):
-                row[pre + key] = float(inner["accuracy"])
+    _domain_columns(row, retained_near(metrics), "retained")
+    _domain_columns(row, retained_far(metrics), "retained_far")
     for key, value in sorted((record.get("cost") or {}).items()):
         if is_number(value):
             row[f"cost/{key}"] = float(value)

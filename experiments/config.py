@@ -102,6 +102,16 @@ class RetainedSpec(DatasetSpec):
 
 
 @dataclass
+class FarSpec:
+    """The *far* items of a retained domain (read from the domain's own data): questions in templates, phrasings,
+    facts or relations its calibration split never uses. Evaluated only, on `dev` or `evaluation` (test) as the run's
+    split; no method reads them."""
+
+    evaluation: SplitSpec = MISSING
+    dev: Optional[SplitSpec] = None
+
+
+@dataclass
 class BenchmarkConfig:
     """Which data a run trains and evaluates on."""
 
@@ -117,6 +127,9 @@ class BenchmarkConfig:
     # always measures every retained domain, so a run protecting only math shows what happens
     # to the unprotected ones.
     protect: Optional[List[str]] = MISSING
+    # Far items per retained domain (null: none, the earlier micro world and the real datasets): evaluated next to
+    # each domain's own (near) evaluation split, recorded as `metrics.retained_far`.
+    far: Optional[Dict[str, FarSpec]] = None
 
 
 @dataclass
@@ -326,6 +339,13 @@ def _validate(data: dict) -> DictConfig:
         require(f"benchmark.retained.{name}.dev", None, bm.split != "dev" or spec.dev is not None,
                 "a dev split spec when benchmark.split=dev")
         split_specs += [(f"benchmark.retained.{name}.{part}", spec[part]) for part in ("calibration", "evaluation", "dev")
+                        if spec[part] is not None]
+    for name, spec in (bm.far or {}).items():
+        require(f"benchmark.far.{name}", name, name in bm.retained,
+                f"a retained domain, one of {sorted(bm.retained)}")
+        require(f"benchmark.far.{name}.dev", None, bm.split != "dev" or spec.dev is not None,
+                "a dev split spec when benchmark.split=dev")
+        split_specs += [(f"benchmark.far.{name}.{part}", spec[part]) for part in ("evaluation", "dev")
                         if spec[part] is not None]
     for key, spec in split_specs:
         _positive(f"{key}.max_items", spec.max_items)

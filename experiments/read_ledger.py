@@ -24,10 +24,14 @@ from suite_schema import layout
 
 def content_hash(benchmark: Any) -> str:
     """sha256 of the evaluation items of a benchmark's split as the run loaded them: its target problems and each
-    retained domain's evaluation items, as canonical JSON (sorted keys, domains by name). Item order counts; reading
-    them again with the same data and config gives the same hash. Hundreds of small items: milliseconds."""
+    retained domain's evaluation items (and far items, where a domain has them), as canonical JSON (sorted keys,
+    domains by name). Item order counts; reading them again with the same data and config gives the same hash.
+    Hundreds of small items: milliseconds."""
     content = {"split": benchmark.split, "target": benchmark.target_eval,
                "retained": {name: dom.evaluation for name, dom in sorted(benchmark.retained.items())}}
+    far = {name: dom.far for name, dom in sorted(benchmark.retained.items()) if getattr(dom, "far", None)}
+    if far:  # absent without far items, so the earlier world's hashes are unchanged
+        content["retained_far"] = far
     blob = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

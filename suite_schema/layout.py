@@ -137,7 +137,8 @@ def validate(record: Any) -> Optional[str]:
 
     Failed, interrupted and running records need only `run_id` and `status`; a complete record
     needs every key in `REQUIRED` plus `metrics.target.pass@1` (a number in [0, 1]),
-    `metrics.retained` (an object of domains, each with a finite `kl_token_mean`) and a finite
+    `metrics.retained_near` (earlier records: `metrics.retained`; an object of domains, each with a finite
+    `kl_token_mean`; `metrics.retained_far` alike where present) and a finite
     `metrics.retained_kl_mean`. Optional parts (`cost`, `train`, `scale`, rates) are type-checked
     when present.
     """
@@ -163,6 +164,46 @@ def validate(record: Any) -> Optional[str]:
     return _validate_complete(record)
 
 
+#: Where a record keeps its retained metrics per domain: `retained_near` (the domain's own evaluation split; records
+#: made before far items existed call it `retained`) and `retained_far` (far items, where the benchmark has them).
+NEAR_KEY, EARLIER_NEAR_KEY, FAR_KEY = "retained_near", "retained", "retained_far"
+
+
+def retained_near(metrics: dict) -> dict:
+    """A complete record's near retained metrics per domain (`retained_near`, or `retained` in earlier records)."""
+    return metrics[NEAR_KEY] if NEAR_KEY in metrics else metrics[EARLIER_NEAR_KEY]
+
+
+def retained_far(metrics: dict) -> dict:
+    """A complete record's far retained metrics per domain; empty when its benchmark had no far items."""
+    return metrics.get(FAR_KEY) or {}
+
+
+def _validate_domains(metrics: dict, name: str, required: bool) -> Optional[str]:
+    retained = metrics.get(name)
+    if retained is None and not required:
+        return None
+    if not isinstance(retained, dict):
+        return f"missing 'metrics.{name}'" if retained is None else (
+            f"'metrics.{name}' is {type_name(retained)}, expected object")
+    for dom, entry in retained.items():
+        if not isinstance(entry, dict):
+            return f"'metrics.{name}.{dom}' is {type_name(entry)}, expected object"
+        kl = entry.get("kl_token_mean")
+        if not _is_finite(kl):
+            return f"'metrics.{name}.{dom}.kl_token_mean' is {type_name(kl)}, expected a finite number"
+        for key in ("kl_seq_mean", "n_tokens", "n"):
+            if key in entry and entry[key] is not None and not is_number(entry[key]):
+                return f"'metrics.{name}.{dom}.{key}' is {type_name(entry[key])}, expected a number"
+        for key in RATE_KEYS + ACCURACY_KEYS:
+            if key in entry and entry[key] is not None:
+                inner = entry[key]
+                field = "rate" if key in RATE_KEYS else "accuracy"
+                if not isinstance(inner, dict) or (inner.get(field) is not None and not is_number(inner.get(field))):
+                    return f"'metrics.{name}.{dom}.{key}' is malformed, expected {{{field!r}: number, 'n': count}}"
+    return None
+
+
 def _validate_complete(record: dict) -> Optional[str]:
     metrics = record.get("metrics")
     if not isinstance(metrics, dict):
@@ -177,25 +218,11 @@ def _validate_complete(record: dict) -> Optional[str]:
     for key, value in target.items():
         if key.startswith("pass@") and value is not None and not _is_finite(value):
             return f"'metrics.target.{key}' is {type_name(value)}, expected a number"
-    retained = metrics.get("retained")
-    if not isinstance(retained, dict):
-        return "missing 'metrics.retained'" if retained is None else (
-            f"'metrics.retained' is {type_name(retained)}, expected object")
-    for dom, entry in retained.items():
-        if not isinstance(entry, dict):
-            return f"'metrics.retained.{dom}' is {type_name(entry)}, expected object"
-        kl = entry.get("kl_token_mean")
-        if not _is_finite(kl):
-            return f"'metrics.retained.{dom}.kl_token_mean' is {type_name(kl)}, expected a finite number"
-        for key in ("kl_seq_mean", "n_tokens", "n"):
-            if key in entry and entry[key] is not None and not is_number(entry[key]):
-                return f"'metrics.retained.{dom}.{key}' is {type_name(entry[key])}, expected a number"
-        for key in RATE_KEYS + ACCURACY_KEYS:
-            if key in entry and entry[key] is not None:
-                inner = entry[key]
-                field = "rate" if key in RATE_KEYS else "accuracy"
-                if not isinstance(inner, dict) or (inner.get(field) is not None and not is_number(inner.get(field))):
-                    return f"'metrics.retained.{dom}.{key}' is malformed, expected {{{field!r}: number, 'n': count}}"
+    near_key = NEAR_KEY if NEAR_KEY in metrics else EARLIER_NEAR_KEY
+    for name, required in ((near_key, True), (FAR_KEY, False)):
+        problem = _validate_domains(metrics, name, required)
+        if problem:
+            return problem
     kl_mean = metrics.get("retained_kl_mean")
     if not _is_finite(kl_mean):
         return "missing 'metrics.retained_kl_mean'" if "retained_kl_mean" not in metrics else (

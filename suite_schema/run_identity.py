@@ -39,7 +39,7 @@ PRESENTATION_KEYS = (
 #: presentation keys) train the same model (`training_id_of`). No statistic a method fits and no training step reads
 #: the evaluation split (experiments/calibration.py), and the reference cache stores each split's log-probs by that
 #: split's own size (experiments/evaluation/reference_cache.py).
-EVALUATION_ONLY_KEYS = ("benchmark.split",)
+EVALUATION_ONLY_KEYS = ("benchmark.split", "benchmark.far")
 #: Config keys added after runs were recorded, each with the value that computes what runs did before the key
 #: existed. At that value such a key is left out of the run id, so earlier runs keep their ids; analysis reads a
 #: record without the key as made at that value (`analysis.variants`), whatever the default is now.
@@ -49,6 +49,7 @@ LATER_KEYS = {
     "method.definition": "2026-11",  # InfLoRA, EWC, CorDA, LoRA-Null as the suite first defined them (CHANGELOG)
     "method.distill_on": "retained",  # LwF distilled on retained calibration prompts (now `lwf_retained`)
     "method.temperature": 1.0,  # LwF's distillation at temperature 1
+    "benchmark.far": None,  # no far retained items (the earlier micro world)
 }
 #: Later keys that change what a method *is*, not a knob of it: analysis always names a record whose value differs
 #: from its method's current one (`analysis.variants`), so a record made under an earlier definition is never read as

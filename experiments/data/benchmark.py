@@ -31,7 +31,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class RetainedDomain:
     """One retained domain: its kind (`math` or `choice`) and its disjoint calibration / evaluation items.
 
-    `evaluation` holds the items of the split the run evaluates on (dev or test, `Benchmark.split`);
+    `evaluation` holds the items of the split the run evaluates on (dev or test, `Benchmark.split`), the *near*
+    items; `far` the domain's far items of that split (`benchmark.far`; empty when it has none);
     `dropped_calibration` counts calibration items removed because their question is in dev or test.
     """
 
@@ -40,6 +41,7 @@ class RetainedDomain:
     calibration: list[dict]
     evaluation: list[dict]
     dropped_calibration: int = 0
+    far: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -136,9 +138,11 @@ def load_split(spec, split_spec, data_root: Optional[str], seed: int) -> list[di
     return _subset(load_items(spec, split_spec, data_root), split_spec.max_items, seed)
 
 
-def _retained(name: str, spec, split: str, root: Optional[str], seed: int) -> RetainedDomain:
+def _retained(name: str, spec, split: str, root: Optional[str], seed: int, far=None) -> RetainedDomain:
     dev = getattr(spec, "dev", None)
     held_out = [spec.evaluation] + ([dev] if dev is not None else [])
+    if far is not None:
+        held_out += [far.evaluation] + ([far.dev] if getattr(far, "dev", None) is not None else [])
     if split == "dev" and dev is None:
         raise not_allowed(f"benchmark.retained.{name}.dev", None, "a dev split spec when benchmark.split=dev", DataError)
     pool = load_items(spec, spec.calibration, root)
@@ -148,7 +152,14 @@ def _retained(name: str, spec, split: str, root: Optional[str], seed: int) -> Re
         raise DataError(f"benchmark.retained.{name}.calibration: every item is also in its dev or test split")
     calibration = _subset(kept, spec.calibration.max_items, seed)
     evaluation = load_split(spec, dev if split == "dev" else spec.evaluation, root, seed + 1)
-    return RetainedDomain(name, spec.kind, calibration, evaluation, dropped_calibration=len(pool) - len(kept))
+    far_items: list[dict] = []
+    if far is not None:
+        far_split = getattr(far, "dev", None) if split == "dev" else far.evaluation
+        if far_split is None:
+            raise not_allowed(f"benchmark.far.{name}.dev", None, "a dev split spec when benchmark.split=dev", DataError)
+        far_items = load_split(spec, far_split, root, seed + 2)
+    return RetainedDomain(name, spec.kind, calibration, evaluation, dropped_calibration=len(pool) - len(kept),
+                          far=far_items)
 
 
 def build_benchmark(cfg) -> Benchmark:
@@ -169,6 +180,11 @@ def build_benchmark(cfg) -> Benchmark:
         for p in problems:
             p.setdefault("suite", name)
         target_eval.extend(problems)
-    retained = {name: _retained(name, spec, split, root, cfg.seed) for name, spec in cfg.retained.items()}
+    far = getattr(cfg, "far", None) or {}
+    unknown = sorted(set(far) - set(cfg.retained))
+    if unknown:
+        raise not_allowed(f"benchmark.far.{unknown[0]}", unknown[0], f"a retained domain, one of {sorted(cfg.retained)}",
+                          DataError)
+    retained = {name: _retained(name, spec, split, root, cfg.seed, far.get(name)) for name, spec in cfg.retained.items()}
     protect = cfg.get("protect") if hasattr(cfg, "get") else getattr(cfg, "protect", None)
     return Benchmark(cfg.name, train, target_eval, retained, None if protect is None else list(protect), split)

@@ -1,17 +1,20 @@
 """Evaluate one run: target pass@k in the sandbox, retained KL and answer-level stability, optional lm-eval.
 
-Retained metrics are computed on each retained domain's *evaluation* split against the reference
-cache of the separately loaded frozen base (`reference_cache.get_reference`):
+Retained metrics are computed on each retained domain's *evaluation* split (`retained_near`: held-out items of
+the calibration templates) and, where the benchmark has them, its *far* items (`retained_far`: templates,
+phrasings, facts and relations calibration never uses), against the reference cache of the separately loaded
+frozen base (`reference_cache.get_reference`):
 
 - `kl_token_mean`, `kl_seq_mean`, `n_tokens`, `n`: KL(base || adapted) teacher-forced on the base's
   cached reference responses (`retained_kl`);
 - math: the adapted model's greedy answers vs the base's cached greedy answers
   (`answer_change_rate`), and both models' accuracy against the gold final number;
 - choice: the adapted model's raw and character-normalised choices vs the base's
-  (`choice_flip_rate`, `choice_flip_rate_norm`), and both models' accuracy (raw and normalised).
+  (`choice_flip_rate`, `choice_flip_rate_norm`), and both models' accuracy (raw and normalised);
+- `per_item`: each item's summed KL and token count (for statistics over items).
 
-Every rate is a dict carrying its `n`. `retained_kl_mean` is the mean of `kl_token_mean` over
-domains. Code: pass@1 from one greedy completion per problem; pass@k (k > 1) from `n_samples`
+Every rate is a dict carrying its `n`. `retained_kl_mean` is the headline (`headline_kl`). Code: pass@1 from one
+greedy completion per problem (`per_problem`: each problem's pass); pass@k (k > 1) from `n_samples`
 sampled completions with the unbiased estimator; every completion is checked in the sandbox, its
 test and the solution in separate processes (`sandbox`), and `target.sandbox` records which
 isolation was in force.
@@ -73,16 +76,16 @@ def evaluate_run(
     timing["reference_build_s"] = 0.0 if ref.stats["hit"] else float(ref.stats["build_s"])
     timing["reference_cold_build_s"] = float(ref.stats["build_s"])
 
-    retained, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing)
+    near, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "evaluation")
+    far, far_s = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "far")
+    timing["kl_s"] += far_s
     samples: list[dict] = []
     target = _target(model, tokenizer, benchmark, cfg, chat_template, progress, timing, samples)
 
-    out: dict[str, Any] = {
-        "target": target,
-        "retained": retained,
-        "retained_kl_mean": (sum(d["kl_token_mean"] for d in retained.values()) / len(retained))
-        if retained else float("nan"),
-    }
+    out: dict[str, Any] = {"target": target, "retained_near": near}
+    if far:
+        out["retained_far"] = far
+    out["retained_kl_mean"] = headline_kl(near, far)
     if cfg.lm_eval_tasks:
         t = time.perf_counter()
         out["lm_eval"] = _lm_eval(model, base_model, tokenizer, benchmark, cfg, chat_template, ref)
@@ -126,23 +129,42 @@ def check_kl(domain: str, kl: dict, source: Any) -> None:
                 f"cached log-probs ({source}) or the model's outputs are broken")
 
 
-def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing):
+def domain_mean_kl(entries: dict) -> float:
+    """Mean over retained domains of each domain's `kl_token_mean` (nats per response token); NaN without domains."""
+    return sum(d["kl_token_mean"] for d in entries.values()) / len(entries) if entries else float("nan")
+
+
+def headline_kl(near: dict, far: dict) -> float:
+    """`retained_kl_mean`, the headline retained KL (nats per token; docs/evaluation.md, "The headline statistic"):
+    without far items, the mean over domains of the near token-mean KL (every earlier record); with them, the mean of
+    the near and the far domain means, so near and far weigh equally and each domain weighs equally within each."""
+    if not far:
+        return domain_mean_kl(near)
+    return (domain_mean_kl(near) + domain_mean_kl(far)) / 2
+
+
+def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing, split: str):
+    """Retained metrics per domain on `split` (`evaluation`: near items, `far`: far items; domains without that
+    split are left out) and the seconds spent in KL."""
     pad_id = pad_token_id(tokenizer)
     kl_s = 0.0
     retained: dict[str, dict] = {}
     for name, dom in ref.domains.items():
-        ev = dom.evaluation
+        ev = dom.split(split)
+        if ev is None:
+            continue
+        label = name if split == "evaluation" else f"{name} (far)"
         t = time.perf_counter()
         kl = retained_kl(model, ev.prompt_ids, ev.response_ids, ev.logprobs, pad_id=pad_id,
-                         batch_size=cfg.scoring_batch_size, progress=progress, desc=f"retained KL {name}")
+                         batch_size=cfg.scoring_batch_size, progress=progress, desc=f"retained KL {label}")
         kl_s += time.perf_counter() - t
-        check_kl(name, kl, ref.path)
+        check_kl(label, kl, ref.path)
         entry: dict[str, Any] = {k: kl[k] for k in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n")}
         entry["kl_storage"] = kl["mode"]
         if dom.kind == "math":
             adapted = _timed_generate(
                 timing, model, tokenizer, ev.prompts, max_new_tokens=cfg.max_new_tokens_math,
-                batch_size=cfg.generation_batch_size, progress=progress, desc=f"greedy {name}",
+                batch_size=cfg.generation_batch_size, progress=progress, desc=f"greedy {label}",
             )
             adapted_answers = [extract_math_answer(text) for text in adapted.texts]
             gold = [extract_math_answer(item["answer"]) for item in ev.items]
@@ -161,6 +183,7 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
             entry["adapted_accuracy_norm"] = accuracy(scores.choice_norm, gold)
         else:
             raise ValueError(f"retained domain {name!r}: kind {dom.kind!r}; allowed: math, choice")
+        entry["per_item"] = kl["per_item"]
         retained[name] = entry
     return retained, kl_s
 
@@ -201,6 +224,8 @@ def _target(model, tokenizer, benchmark, cfg: EvalConfig, chat_template, progres
                              batch_size=cfg.generation_batch_size, progress=progress, desc="code greedy")
     greedy_results = run(problems, greedy.texts, "greedy")
     target: dict[str, Any] = {"pass@1": summarize_pass_at_k([[r.passed] for r in greedy_results], [1]).get("pass@1")}
+    target["per_problem"] = {"task_ids": [p["task_id"] for p in problems],
+                             "passed": [int(bool(r.passed)) for r in greedy_results]}
 
     ks = sorted(k for k in cfg.pass_k if k > 1)
     if ks:

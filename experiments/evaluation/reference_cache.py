@@ -64,6 +64,15 @@ from experiments.tensor_files import save_tensors
 
 CACHE_FORMAT_VERSION = 2  # 2: log-prob storage chosen per split (1: over both splits together)
 SPLITS = ("calibration", "evaluation")
+#: The split of a domain's far items (`benchmark.far`), cached like `evaluation` where a domain has them.
+FAR = "far"
+#: Splits whose answer-level reference (greedy answers, choices) is cached: the evaluated ones.
+EVALUATED = ("evaluation", FAR)
+
+
+def domain_splits(dom: Any) -> tuple[str, ...]:
+    """The cached splits of a retained domain: calibration, evaluation, and `far` where it has far items."""
+    return SPLITS + ((FAR,) if getattr(dom, FAR, None) else ())
 
 
 @dataclass
@@ -102,6 +111,7 @@ class DomainReference:
     kind: str
     calibration: SplitReference
     evaluation: SplitReference
+    far: Optional[SplitReference] = None
 
     def split(self, name: str) -> SplitReference:
         return getattr(self, name)
@@ -200,7 +210,7 @@ def reference_key(
     domains = {}
     for name, dom in sorted(benchmark.retained.items()):
         entry = {"kind": dom.kind}
-        for split in SPLITS:
+        for split in domain_splits(dom):
             items = retained_items(getattr(dom, split), cfg)
             texts = _split_prompts(tokenizer, dom.kind, items, chat_template)
             entry[split] = {
@@ -273,10 +283,10 @@ def get_reference(
     return _load(path, key, benchmark, cfg, hit=False, lock_wait_s=lock_wait_s, t0=time.perf_counter())
 
 
-def _choose_mode(vocab: int, n_tokens: int, cfg: EvalConfig) -> str:
-    """`full` when one split's `n_tokens` x `vocab` log-probs fit its share (1 / len(SPLITS)) of the budget."""
+def _choose_mode(vocab: int, n_tokens: int, cfg: EvalConfig, n_splits: int = len(SPLITS)) -> str:
+    """`full` when one split's `n_tokens` x `vocab` log-probs fit its share (1 / `n_splits`) of the budget."""
     itemsize = torch.empty((), dtype=LOGPROB_TORCH_DTYPES[cfg.logprob_dtype]).element_size()
-    return "full" if vocab * n_tokens * itemsize <= cfg.logprob_budget_mb * 2**20 / len(SPLITS) else "topk"
+    return "full" if vocab * n_tokens * itemsize <= cfg.logprob_budget_mb * 2**20 / n_splits else "topk"
 
 
 def output_vocab_size(model: Any) -> int:
@@ -294,7 +304,7 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
     base.eval()
     splits: dict[tuple[str, str], dict] = {}
     for name, dom in sorted(benchmark.retained.items()):
-        for split in SPLITS:
+        for split in domain_splits(dom):
             items = retained_items(getattr(dom, split), cfg)
             texts = _split_prompts(tokenizer, dom.kind, items, chat_template)
             gen = generate(
@@ -314,8 +324,9 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
             }
     n_tokens = sum(len(r) for s in splits.values() for r in s["response_ids"])
     vocab = output_vocab_size(base)
+    names = sorted({sp for _, sp in splits}, key=(SPLITS + (FAR,)).index)
     modes = {split: _choose_mode(vocab, sum(len(r) for (_, sp), s in splits.items() if sp == split
-                                            for r in s["response_ids"]), cfg) for split in SPLITS}
+                                            for r in s["response_ids"]), cfg, len(names)) for split in names}
 
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -332,17 +343,17 @@ def _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path
                 items=s["items"], prompts=s["prompts"], prompt_ids=s["prompt_ids"],
                 response_ids=s["response_ids"], response_texts=s["response_texts"], logprobs=cached,
             )
-            if split == "evaluation" and s["kind"] == "math":
+            if split in EVALUATED and s["kind"] == "math":
                 if cfg.reference_sampling:
                     greedy = generate(
                         base, tokenizer, s["prompts"], max_new_tokens=cfg.max_new_tokens_math,
-                        batch_size=cfg.generation_batch_size, progress=progress, desc=f"base greedy {name}",
+                        batch_size=cfg.generation_batch_size, progress=progress, desc=f"base greedy {name}/{split}",
                     ).texts
                 else:
                     greedy = list(s["response_texts"])
                 ref.greedy_texts = greedy
                 ref.greedy_answers = [extract_math_answer(t) for t in greedy]
-            if split == "evaluation" and s["kind"] == "choice":
+            if split in EVALUATED and s["kind"] == "choice":
                 scores = score_choices(base, tokenizer, s["items"], chat_template=chat_template,
                                        batch_size=cfg.scoring_batch_size, progress=progress)
                 ref.choice_loglik, ref.choice, ref.choice_norm = scores.loglik, scores.choice, scores.choice_norm
@@ -383,7 +394,7 @@ def _load(path: Path, key: str, benchmark: Any, cfg: EvalConfig, *, hit: bool, l
     for name, dom in benchmark.retained.items():
         entry = manifest["domains"][name]
         refs = {}
-        for split in SPLITS:
+        for split in domain_splits(dom):
             meta = entry["splits"][split]
             tensors = load_file(str(path / meta["tensors"]))  # its checksum was verified (`usable`)
             n_bytes += sum(t.numel() * t.element_size() for t in tensors.values())

@@ -75,15 +75,19 @@ def per_token_kl_topk(
 
 
 def summarize_kl(per_response: Sequence[torch.Tensor]) -> dict:
-    """`kl_token_mean`, `kl_seq_mean`, `n_tokens`, `n` from per-response per-token KL tensors."""
+    """`kl_token_mean`, `kl_seq_mean`, `n_tokens`, `n` from per-response per-token KL tensors, and `per_item`:
+    each response's summed KL (`kl_sum`, nats) and token count (`n_tokens`), in item order, so a statistic over
+    items (a bootstrap) can recompute the means."""
     n = len(per_response)
     sums = [float(t.double().sum()) for t in per_response]
-    n_tokens = sum(int(t.numel()) for t in per_response)
+    lengths = [int(t.numel()) for t in per_response]
+    n_tokens = sum(lengths)
     return {
         "kl_token_mean": (sum(sums) / n_tokens) if n_tokens else float("nan"),
         "kl_seq_mean": (sum(sums) / n) if n else float("nan"),
         "n_tokens": n_tokens,
         "n": n,
+        "per_item": {"kl_sum": sums, "n_tokens": lengths},
     }
 
 

@@ -130,7 +130,7 @@ def test_one_cli_sweep_writes_a_complete_record_per_method(tiny_backbone_dir, ti
         assert rec["train"]["steps"] == 3 and len(rec["train"]["losses"]) == 3
         cost = rec["cost"]
         assert cost["trainable_params"] > 0 and cost["stored_bytes"] > 0 and cost["train_seconds"] > 0, name
-        assert set(rec["metrics"]["retained"]) == {"math", "commonsense"}
+        assert set(rec["metrics"]["retained_near"]) == {"math", "commonsense"}
         assert rec["metrics"]["retained_kl_mean"] >= 0 and "pass@1" in rec["metrics"]["target"]
     lora = records["lora"]["cost"]
     for name, row in MATRIX.items():

@@ -41,7 +41,7 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     assert rec["status"] == "complete" and rec["method"] == "lora" and rec["seed"] == 0
     assert rec["train"]["steps"] == 6 and len(rec["train"]["losses"]) == 6
     assert rec["cost"]["trainable_params"] > 0 and rec["cost"]["stored_bytes"] > 0
-    assert set(rec["metrics"]["retained"]) == {"math", "commonsense"}
+    assert set(rec["metrics"]["retained_near"]) == {"math", "commonsense"}
     assert "retained_kl_mean" in rec["metrics"] and "pass@1" in rec["metrics"]["target"]
     prov = rec["provenance"]
     assert len(prov["git_sha"]) == 40 and isinstance(prov["git_dirty"], bool) and prov["packages"]["torch"]
@@ -67,9 +67,9 @@ def test_base_method_trains_nothing_and_matches_itself(overrides, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = record_of(tmp_path / "runs")
     assert rec["train"] is None and rec["cost"]["trainable_params"] == 0
-    for domain, m in rec["metrics"]["retained"].items():
+    for domain, m in rec["metrics"]["retained_near"].items():
         assert abs(m["kl_token_mean"]) < 1e-6, (domain, m)
-    assert rec["metrics"]["retained"]["math"]["answer_change_rate"]["rate"] == 0.0
+    assert rec["metrics"]["retained_near"]["math"]["answer_change_rate"]["rate"] == 0.0
 
 
 def signalled(args, root, pattern, signum):

@@ -54,11 +54,11 @@ def test_base_against_itself_is_zero_everywhere(lm, tmp_path):
     for key in ("kl_s", "generation_s", "execution_s", "total_s", "decode_tokens_per_s"):
         assert first["timing"][key] > 0, key
     for res in (first, second):
-        assert set(res["retained"]) == {"math", "commonsense"}
-        for domain, m in res["retained"].items():
+        assert set(res["retained_near"]) == {"math", "commonsense"}
+        for domain, m in res["retained_near"].items():
             assert abs(m["kl_token_mean"]) < 1e-6 and abs(m["kl_seq_mean"]) < 1e-6, (domain, m)
             assert m["n"] == len(bench.retained[domain].evaluation) and m["n_tokens"] > 0
-        math, cs = res["retained"]["math"], res["retained"]["commonsense"]
+        math, cs = res["retained_near"]["math"], res["retained_near"]["commonsense"]
         assert math["answer_change_rate"] == {"rate": 0.0, "n": 3}
         assert math["base_accuracy"] == math["adapted_accuracy"] and math["base_accuracy"]["n"] == 3
         assert cs["choice_flip_rate"] == {"rate": 0.0, "n": 2} and cs["choice_flip_rate_norm"]["rate"] == 0.0
@@ -77,7 +77,7 @@ def test_adapted_model_kl_matches_live_computation(lm, tmp_path):
     res = ev.evaluate_run(adapted, model, tok, bench, cfg, "tiny/e2e", chat_template=False, progress=False)
     ref = ev.get_reference(model, tok, bench, cfg, "tiny/e2e", False)
     kls = []
-    for name, m in res["retained"].items():
+    for name, m in res["retained_near"].items():
         split = ref.domains[name].evaluation
         live = model_kl(model, adapted, split.prompt_ids, split.response_ids, pad_id=tok.pad_token_id,
                         batch_size=2)["exact"]

@@ -31,8 +31,8 @@ def test_a_trained_run_moves_retained_tokens_as_its_record_says(tiny_backbone_di
     run_dir = next((tmp_path / "runs").rglob(RECORD_NAME)).parent
     record = json.loads((run_dir / RECORD_NAME).read_text())
     res = movement(run_dir, cache_dir=str(cache))
-    assert set(res["kl"]) == {*record["metrics"]["retained"], "target"}
-    for domain, metrics in record["metrics"]["retained"].items():
+    assert set(res["kl"]) == {*record["metrics"]["retained_near"], "target"}
+    for domain, metrics in record["metrics"]["retained_near"].items():
         assert res["kl"][domain] == pytest.approx(metrics["kl_token_mean"], rel=1e-3, abs=1e-5), domain
     assert res["kl"]["target"] > 0 and res["selectivity"] > 0
     assert main([str(run_dir), "--cache-dir", str(cache)]) == 0

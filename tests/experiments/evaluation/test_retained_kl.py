@@ -142,4 +142,5 @@ def test_per_token_bound_and_tail_mass():
 
 def test_summary_means():
     s = summarize_kl([torch.tensor([1.0, 3.0]), torch.tensor([2.0])])
-    assert s == {"kl_token_mean": 2.0, "kl_seq_mean": 3.0, "n_tokens": 3, "n": 2}
+    assert s == {"kl_token_mean": 2.0, "kl_seq_mean": 3.0, "n_tokens": 3, "n": 2,
+                 "per_item": {"kl_sum": [4.0, 2.0], "n_tokens": [2, 1]}}
