@@ -118,6 +118,12 @@ def _stable_hash(*parts: object) -> int:
 
 
 def _math_item(rng: random.Random) -> dict:
+    return math_item_with_kind(rng)[0]
+
+
+def math_item_with_kind(rng: random.Random) -> tuple[dict, str, tuple[str, ...]]:
+    """One GSM8K-format problem, its kind (`add`, `sub`, `together`, `difference`, `add_sub`, `sub_add`, `add_add`)
+    and the verbs it uses, in order."""
     a_name, b_name = rng.sample(NAMES, 2)
     obj = rng.choice(OBJECTS)
     kind = rng.choices(
@@ -127,6 +133,7 @@ def _math_item(rng: random.Random) -> dict:
     if kind == "add":
         a, b = rng.randint(0, 50), rng.randint(0, 50)
         verb = rng.choice(ADD_VERBS)
+        verbs: tuple[str, ...] = (verb,)
         q = f"{a_name} has {a} {obj}. {a_name} {verb} {b} more {obj}. How many {obj} does {a_name} have now?"
         c = a + b
         ans = f"{a_name} has {a} + {b} = {c} {obj} now.\n#### {c}"
@@ -134,17 +141,20 @@ def _math_item(rng: random.Random) -> dict:
         a = rng.randint(0, 50)
         b = rng.randint(0, a)
         verb = rng.choice(SUB_VERBS)
+        verbs = (verb,)
         q = f"{a_name} has {a} {obj}. {a_name} {verb} {b} of them. How many {obj} does {a_name} have left?"
         c = a - b
         ans = f"{a_name} has {a} - {b} = {c} {obj} left.\n#### {c}"
     elif kind == "together":
         a, b = rng.randint(0, 50), rng.randint(0, 50)
+        verbs = ()
         q = f"{a_name} has {a} {obj} and {b_name} has {b} {obj}. How many {obj} do they have together?"
         c = a + b
         ans = f"They have {a} + {b} = {c} {obj} together.\n#### {c}"
     elif kind == "difference":
         a = rng.randint(0, 50)
         b = rng.randint(0, a)
+        verbs = ()
         q = f"{a_name} has {a} {obj} and {b_name} has {b} {obj}. How many more {obj} does {a_name} have than {b_name}?"
         c = a - b
         ans = f"{a_name} has {a} - {b} = {c} more {obj}.\n#### {c}"
@@ -155,6 +165,7 @@ def _math_item(rng: random.Random) -> dict:
             c = rng.randint(0, a + b)
             mid, end = a + b, a + b - c
             v1, v2 = rng.choice(ADD_VERBS), rng.choice(SUB_VERBS)
+            verbs = (v1, v2)
             q = (f"{a_name} has {a} {obj}. {a_name} {v1} {b} more {obj} and then {v2} {c} of them. "
                  f"How many {obj} does {a_name} have now?")
             ans = f"{a_name} has {a} + {b} = {mid} {obj}.\nThen {a_name} has {mid} - {c} = {end} {obj}.\n#### {end}"
@@ -163,6 +174,7 @@ def _math_item(rng: random.Random) -> dict:
             c = rng.randint(0, 30)
             mid, end = a - b, a - b + c
             v1, v2 = rng.choice(SUB_VERBS), rng.choice(ADD_VERBS)
+            verbs = (v1, v2)
             q = (f"{a_name} has {a} {obj}. {a_name} {v1} {b} of them and then {v2} {c} more {obj}. "
                  f"How many {obj} does {a_name} have now?")
             ans = f"{a_name} has {a} - {b} = {mid} {obj}.\nThen {a_name} has {mid} + {c} = {end} {obj}.\n#### {end}"
@@ -170,10 +182,11 @@ def _math_item(rng: random.Random) -> dict:
             b, c = rng.randint(0, 30), rng.randint(0, 30)
             mid, end = a + b, a + b + c
             v1, v2 = rng.sample(ADD_VERBS, 2)
+            verbs = (v1, v2)
             q = (f"{a_name} has {a} {obj}. {a_name} {v1} {b} more {obj} and then {v2} {c} more {obj}. "
                  f"How many {obj} does {a_name} have now?")
             ans = f"{a_name} has {a} + {b} = {mid} {obj}.\nThen {a_name} has {mid} + {c} = {end} {obj}.\n#### {end}"
-    return {"question": q, "answer": ans}
+    return {"question": q, "answer": ans}, kind, verbs
 
 
 def _math_reserved(item: dict) -> bool:
