@@ -35,6 +35,8 @@ class Analysis:
     pooled_seed: pd.DataFrame = field(default_factory=pd.DataFrame)  # as matched_seed, token-pooled KL
     pooled: pd.DataFrame = field(default_factory=pd.DataFrame)       # its summary over seeds
     dominance: pd.DataFrame = field(default_factory=pd.DataFrame)    # ATLAS against each method, mean and pooled KL
+    # Records with far items: KL column (`pareto.NEAR_KL_COL`, ...) -> (per seed, summary) as matched_seed / matched
+    variants: dict = field(default_factory=dict)
 
     @property
     def primary_level(self) -> MT.Level:
@@ -89,6 +91,12 @@ def analyze(
         if pre + "adapted_accuracy" in runs.columns and pre + "base_accuracy" in runs.columns:
             runs[pre + "accuracy_delta"] = runs[pre + "adapted_accuracy"] - runs[pre + "base_accuracy"]
     runs[pareto.POOLED_KL_COL] = pareto.pooled_kl(runs) if len(runs) else pd.Series(dtype=float)
+    far = bool(len(runs)) and bool(pareto.domains(runs, "retained_far"))
+    if far:
+        runs[pareto.NEAR_KL_COL] = pareto.domain_mean_kl(runs, "retained")
+        runs[pareto.FAR_KL_COL] = pareto.domain_mean_kl(runs, "retained_far")
+        runs[pareto.FAR_POOLED_KL_COL] = pareto.pooled_kl(runs, ("retained_far",))
+        runs[pareto.ALL_POOLED_KL_COL] = pareto.pooled_kl(runs, ("retained", "retained_far"))
     groups = sorted({(b, c) for b, c in zip(runs["backbone"], runs["benchmark"])}) if len(runs) else []
 
     trows = []
@@ -132,8 +140,12 @@ def analyze(
 
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
+    variants = {}
+    for col in (pareto.NEAR_KL_COL, pareto.FAR_KL_COL, pareto.FAR_POOLED_KL_COL, pareto.ALL_POOLED_KL_COL) if far else ():
+        vseed = MT.per_seed_matched(runs, lv, col, interpolate, trained, ref)
+        variants[col] = (vseed, MT.summarize_matched(vseed, confidence))
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
-                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance)
+                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, variants)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

@@ -33,12 +33,13 @@ POINT = ["backbone", "benchmark", "method", "sweep_key"]
 DOMAIN_ORDER = ("math", "commonsense")
 
 
-def domains(df: pd.DataFrame) -> list[str]:
-    """Retained domain names present in the table: math, commonsense, then any other in sorted order."""
+def domains(df: pd.DataFrame, prefix: str = "retained") -> list[str]:
+    """Retained domain names present in the table (near items: `retained`; far items: `retained_far`): math,
+    commonsense, then any other in sorted order."""
     out = set()
     for col in df.columns:
         parts = col.split("/")
-        if len(parts) == 3 and parts[0] == "retained" and parts[2] == "kl_token_mean":
+        if len(parts) == 3 and parts[0] == prefix and parts[2] == "kl_token_mean":
             out.add(parts[1])
     return sorted(out, key=lambda d: (DOMAIN_ORDER.index(d) if d in DOMAIN_ORDER else len(DOMAIN_ORDER), d))
 
@@ -52,16 +53,32 @@ def kl_column(domain: Optional[str]) -> str:
 POOLED_KL_COL = "retained_kl_pooled"
 
 
-def pooled_kl(df: pd.DataFrame) -> pd.Series:
+#: KL columns of records with far items (`analysis.analyze` computes them; NaN for records without far items): the
+#: near and the far items' means over domains, and the far and all (near + far) items pooled over tokens.
+NEAR_KL_COL, FAR_KL_COL = "retained_kl_near", "retained_kl_far"
+FAR_POOLED_KL_COL, ALL_POOLED_KL_COL = "retained_kl_far_pooled", "retained_kl_all_pooled"
+
+
+def domain_mean_kl(df: pd.DataFrame, prefix: str) -> pd.Series:
+    """Per row, the mean over the `prefix` set's domains (`retained` near, `retained_far` far) of the token-mean KL,
+    nats per token; NaN for a row missing any of them (or where the table has no such domain)."""
+    cols = [f"{prefix}/{d}/kl_token_mean" for d in domains(df, prefix)]
+    if not cols:
+        return pd.Series(float("nan"), index=df.index, dtype=float)
+    return df[cols].astype(float).mean(axis=1, skipna=False)
+
+
+def pooled_kl(df: pd.DataFrame, prefixes: Sequence[str] = ("retained",)) -> pd.Series:
     """Per row, the retained KL pooled over tokens, in nats per token: the sum over retained domains of
     kl_token_mean * n_tokens divided by the domains' total n_tokens, i.e. the mean over every scored token of every
     domain (the headline `retained_kl_mean` instead averages the domains' token means, each domain weighing the
-    same). NaN for a row missing any domain's kl_token_mean or n_tokens, or with no tokens."""
-    doms = domains(df)
+    same); over the near items (`retained`) by default, or every set in `prefixes` (`retained_far`: far items). NaN for
+    a row missing any domain's kl_token_mean or n_tokens, or with no tokens."""
+    doms = [(p, d) for p in prefixes for d in domains(df, p)]
     out = []
     for _, r in df.iterrows():
-        kls = [r.get(f"retained/{d}/kl_token_mean") for d in doms]
-        ns = [r.get(f"retained/{d}/n_tokens") for d in doms]
+        kls = [r.get(f"{p}/{d}/kl_token_mean") for p, d in doms]
+        ns = [r.get(f"{p}/{d}/n_tokens") for p, d in doms]
         vals = [(float(k), float(n)) for k, n in zip(kls, ns) if k is not None and n is not None
                 and not pd.isna(k) and not pd.isna(n)]
         total = math.fsum(n for _, n in vals)

@@ -24,6 +24,7 @@ from analysis import pareto, read_ledger, render
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
 from analysis.tables import all_tables, group_label
+from analysis.worlds import world_lines
 from analysis.variants import split_variants
 
 INDEX = "index.md"
@@ -34,6 +35,10 @@ OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
 TABLE_TEXT = {
     "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
     "main_pooled": "The main table with the retained KL pooled over tokens (each domain weighs by its scored tokens)",
+    "main_near": "The main table with the near items' retained KL (benchmarks with far items)",
+    "main_far": "The main table with the far items' retained KL",
+    "main_far_pooled": "The main table with the far items' retained KL pooled over tokens",
+    "main_all_pooled": "The main table with the near and far items' retained KL pooled over tokens",
     "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test; "
               "raw and Holm-corrected p)",
     "dominance": "Share of ATLAS's measured points dominated by a same-seed point of each method, and the reverse",
@@ -54,6 +59,10 @@ DATA_TEXT = {
                   "Holm-corrected p (p_t_holm, p_sign_holm)",
     "matched_pooled_per_seed.csv": "as matched_per_seed.csv with the token-pooled retained KL",
     "matched_pooled_summary.csv": "as matched_summary.csv with the token-pooled retained KL",
+    "matched_near_summary.csv": "as matched_summary.csv with the near items' KL (benchmarks with far items)",
+    "matched_far_summary.csv": "as matched_summary.csv with the far items' KL",
+    "matched_far_pooled_summary.csv": "as matched_summary.csv with the far items' KL pooled over tokens",
+    "matched_all_pooled_summary.csv": "as matched_summary.csv with the near and far items' KL pooled over tokens",
     "dominance.csv": "ATLAS against each method: measured points on shared seeds and how many the other dominates "
                      "(kl: mean or pooled)",
     "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
@@ -166,6 +175,9 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
                 lines.append(f"| {_md(bb)} | {_md(bench)} | {_md(method)} | {len(gm)} | {gm['sweep_key'].nunique()} "
                              f"| {seeds} |")
         lines.append("")
+    worlds = world_lines(runs["benchmark"].unique()) if len(runs) else []
+    if worlds:
+        lines += ["Benchmarks:", ""] + [f"- {_md(w)}" for w in worlds] + [""]
     versions = code_versions(runs)
     if versions:
         lines += ["## Code versions", "", "| Commit | Uncommitted changes | Runs | Methods |", "|:---|:---|---:|:---|"]
@@ -297,7 +309,8 @@ def write_report(
 
     data = {
         "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns
-                                         if c.endswith("/accuracy_delta") or c == pareto.POOLED_KL_COL]),
+                                         if c.endswith("/accuracy_delta") or c == pareto.POOLED_KL_COL
+                                         or c in a.variants]),
         "skipped.csv": col.skipped_frame(),
         "thresholds.csv": a.thresholds,
         "pareto_points.csv": a.points,
@@ -310,6 +323,8 @@ def write_report(
         "domains_per_seed.csv": a.domain_seed,
         "answers_per_seed.csv": a.answers,
     }
+    for col, (_, summary) in a.variants.items():
+        data[f"matched_{col.removeprefix('retained_kl_')}_summary.csv"] = summary
     data_files = []
     for name, df in data.items():
         written.append(_csv(df, folder / "data" / name))

@@ -2,6 +2,8 @@
 
 - main:      KL at the matched coding requirement, ATLAS and the baselines, every level
 - main_pooled: the same with the token-pooled KL (every scored token of every domain weighs the same)
+- main_near, main_far, main_far_pooled, main_all_pooled: the same with the near or far items' KL (records with far
+  items only; their main table's KL is the pre-registered headline)
 - paired:    ATLAS against each other method at every level (paired over seeds), raw and Holm-corrected p
 - dominance: the share of ATLAS's measured points a same-seed point of each method dominates, and the reverse
 - ablations: the ATLAS variants at every level, and their paired difference to ATLAS
@@ -19,6 +21,7 @@ from typing import Optional
 import pandas as pd
 
 from analysis import methods as M
+from analysis import pareto
 from analysis.analyze import Analysis, summary_of
 from analysis.matched import Level
 from analysis.render import DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p
@@ -414,9 +417,41 @@ def costs_table(a: Analysis) -> Table:
     return table
 
 
-BUILDERS = (main_table, main_pooled_table, paired_table, dominance_table, ablation_table, backbones_table,
-            domains_table, answers_table, costs_table)
+#: The main table read with each other retained KL of records with far items (name, title, what a cell is).
+NEAR_FAR_TABLES = (
+    (pareto.NEAR_KL_COL, "main_near", "Retained KL on near items at matched coding requirement",
+     "retained KL on near items (held-out items of the calibration templates; token mean, averaged over domains)"),
+    (pareto.FAR_KL_COL, "main_far", "Retained KL on far items at matched coding requirement",
+     "retained KL on far items (templates, phrasings, facts and relations calibration never uses; token mean, "
+     "averaged over domains)"),
+    (pareto.FAR_POOLED_KL_COL, "main_far_pooled", "Retained KL on far items pooled over tokens at matched coding "
+     "requirement", "retained KL on far items pooled over tokens (nats per token)"),
+    (pareto.ALL_POOLED_KL_COL, "main_all_pooled", "Retained KL on near and far items pooled over tokens at matched "
+     "coding requirement", "retained KL on near and far items pooled over tokens (nats per token)"),
+)
+
+
+def near_far_tables(a: Analysis) -> list[Table]:
+    """The main table with each of the other retained KLs (`NEAR_FAR_TABLES`) where records have far items; none
+    otherwise. The main table's KL is the headline (`retained_kl_mean`, docs/evaluation.md)."""
+    out = []
+    for col, name, title, what in NEAR_FAR_TABLES:
+        if col not in a.variants:
+            continue
+        out.append(_matched_rows(a, M.main_methods, f"{title}: ATLAS and baselines", name,
+                                 "No complete runs of ATLAS or of a baseline with far items.", False, data_column=True,
+                                 summ=a.variants[col][1], what=what))
+    return out
+
+
+BUILDERS = (main_table, main_pooled_table, near_far_tables, paired_table, dominance_table, ablation_table,
+            backbones_table, domains_table, answers_table, costs_table)
 
 
 def all_tables(a: Analysis) -> list[Table]:
-    return [build(a) for build in BUILDERS]
+    """Every table, in the report's order (a builder may give several, or none)."""
+    out: list[Table] = []
+    for build in BUILDERS:
+        made = build(a)
+        out.extend(made if isinstance(made, list) else [made])
+    return out

@@ -104,6 +104,9 @@ def tiny_benchmark_dir(tmp_path_factory) -> Path:
     write_jsonl(root / "commonsense" / "calibration.jsonl", tiny_choice(6, 0))
     write_jsonl(root / "commonsense" / "dev.jsonl", tiny_choice(5, 30))
     write_jsonl(root / "commonsense" / "test.jsonl", tiny_choice(5, 50))
+    for split, start in (("dev_far", 70), ("test_far", 90)):  # far items (benchmark.far of micro_v3, the default)
+        write_jsonl(root / "math" / f"{split}.jsonl", tiny_math(4, start))
+        write_jsonl(root / "commonsense" / f"{split}.jsonl", tiny_choice(4, start))
     write_jsonl(root / "code" / "dev.jsonl", tiny_code(4, 200))
     write_jsonl(root / "code" / "test.jsonl", tiny_code(4, 100))
     train = [{"instruction": "Complete the following Python function.", "input": p["prompt"],

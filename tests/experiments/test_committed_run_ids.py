@@ -53,11 +53,13 @@ def _text(value) -> str:
 def overrides_of(config: dict) -> list[str]:
     """The command-line overrides that make a record's run from today's tree: its method, the method knobs whose
     value is not the registry's (a key of `LATER_KEYS` the record lacks at its earlier value), train steps and lr,
-    seed, split and protected domains."""
+    seed, benchmark, split and protected domains."""
     method = config["method"]
     defaults = registry.method_values(method["name"])
     out = [f"method={method['name']}", f"seed={config['seed']}", f"train.steps={config['train']['steps']}",
            f"train.lr={config['train']['lr']}", f"benchmark.split={config['benchmark'].get('split', 'test')}"]
+    if (registry.CONF / "benchmark" / f"{config['benchmark']['name']}.yaml").is_file():
+        out.append(f"benchmark={config['benchmark']['name']}")  # the earlier micro world is no longer the default
     if config["benchmark"].get("protect") is not None:
         out.append(f"benchmark.protect={_text(config['benchmark']['protect'])}")
     out += [f"method.{k}={_text(v)}" for k, v in method.items() if k != "name" and defaults.get(k, ABSENT) != v]

@@ -26,20 +26,34 @@ def _texts(items) -> set[str]:
     return {normalise_text(item_text(it)) for it in items}
 
 
-def test_micro_dev_and_test_runs_read_their_own_split_and_the_same_calibration():
-    dev = build_benchmark(composed("benchmark.split=dev").benchmark)
-    test = build_benchmark(composed().benchmark)
+@pytest.mark.parametrize("world, test_split, far", [("micro_v3", "v3test", True), ("micro", "test", False)])
+def test_micro_dev_and_test_runs_read_their_own_split_and_the_same_calibration(world, test_split, far):
+    dev = build_benchmark(composed(f"benchmark={world}", "benchmark.split=dev").benchmark)
+    test = build_benchmark(composed(f"benchmark={world}").benchmark)
     assert (dev.split, test.split) == ("dev", "test")
     assert {p["task_id"].split("/")[1] for p in dev.target_eval} == {"dev"}
-    assert {p["task_id"].split("/")[1] for p in test.target_eval} == {"test"}
+    assert {p["task_id"].split("/")[1] for p in test.target_eval} == {test_split}
     assert len(dev.target_eval) == len(test.target_eval) == 132
     for name in ("math", "commonsense"):
         d, t = dev.retained[name], test.retained[name]
         assert d.calibration == t.calibration and len(d.calibration) == 250
-        assert len(d.evaluation) == len(t.evaluation) == 250
-        assert not _texts(d.evaluation) & _texts(t.evaluation)
-        assert not _texts(d.calibration) & (_texts(d.evaluation) | _texts(t.evaluation))
+        assert len(d.evaluation) == len(t.evaluation) >= 162
+        assert bool(d.far) == bool(t.far) == far
+        evaluated = [d.evaluation, t.evaluation, d.far, t.far]
+        for i, a in enumerate(evaluated):
+            for b in evaluated[i + 1:]:
+                assert not _texts(a) & _texts(b)
+        assert not _texts(d.calibration) & set().union(*map(_texts, evaluated))
         assert d.dropped_calibration == t.dropped_calibration == 0
+
+
+def test_the_default_micro_world_is_v3():
+    assert composed().benchmark.name == "micro_v3" and composed("benchmark=micro").benchmark.far is None
+
+
+def test_far_items_of_an_unknown_domain_are_rejected_before_any_compute():
+    with pytest.raises(ConfigError, match=r"benchmark\.far\.poetry"):
+        composed("+benchmark.far.poetry={evaluation: {split: test_far}}")
 
 
 def test_dev_and_test_runs_have_different_run_ids():
@@ -70,18 +84,20 @@ def test_calibration_items_that_are_in_dev_or_test_are_dropped(tmp_path, tiny_be
     bench.mkdir()
     for sub in ("code", "commonsense"):
         (bench / sub).symlink_to(tiny_benchmark_dir / sub)
-    dev, test = tiny_math(5, 30), tiny_math(5, 50)
-    write_jsonl(bench / "math" / "calibration.jsonl", tiny_math(6, 0) + [test[0], dev[1]])
+    dev, test, far = tiny_math(5, 30), tiny_math(5, 50), tiny_math(4, 90)
+    write_jsonl(bench / "math" / "calibration.jsonl", tiny_math(6, 0) + [test[0], dev[1], far[2]])
     write_jsonl(bench / "math" / "dev.jsonl", dev)
     write_jsonl(bench / "math" / "test.jsonl", test)
+    write_jsonl(bench / "math" / "dev_far.jsonl", tiny_math(4, 70))
+    write_jsonl(bench / "math" / "test_far.jsonl", far)
     cfg = composed(f"benchmark.retained.math.local={bench / 'math'}",
                    f"benchmark.retained.commonsense.local={bench / 'commonsense'}",
                    f"benchmark.target.train.local={bench / 'code'}",
                    f"benchmark.target.evaluation.micro_code.local={bench / 'code'}")
     math = build_benchmark(cfg.benchmark).retained["math"]
-    assert math.dropped_calibration == 2
+    assert math.dropped_calibration == 3  # a far item counts as evaluated too
     assert len(math.calibration) == 6
-    assert not _texts(math.calibration) & (_texts(dev) | _texts(test))
+    assert not _texts(math.calibration) & (_texts(dev) | _texts(test) | _texts(far))
 
 
 def test_holdout_rule_is_a_fixed_tenth_by_text():
