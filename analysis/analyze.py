@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
+from analysis import bootstrap as BT
 from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, schema
@@ -35,6 +36,7 @@ class Analysis:
     pooled_seed: pd.DataFrame = field(default_factory=pd.DataFrame)  # as matched_seed, token-pooled KL
     pooled: pd.DataFrame = field(default_factory=pd.DataFrame)       # its summary over seeds
     dominance: pd.DataFrame = field(default_factory=pd.DataFrame)    # ATLAS against each method, mean and pooled KL
+    items: Optional[BT.ItemBootstrap] = None  # ATLAS against each method, resampling problems and retained items
 
     @property
     def primary_level(self) -> MT.Level:
@@ -69,12 +71,15 @@ def analyze(
     interpolate: bool = True,
     confidence: float = 0.95,
     reference: str | MT.Reference = MT.DEFAULT_REFERENCE,
+    resamples: int = BT.DEFAULT_RESAMPLES,
 ) -> Analysis:
     """Sweep points and frontiers of every domain, the matched-requirement values at every level (`gain:` levels
     as shares of `reference`'s gain, `analysis.matched`), the paired comparisons, the per-domain and answer-level
     values at the primary level (default: the middle level); the matched values again with the token-pooled KL
     (`pareto.pooled_kl`, runs without it left out), and the dominance counts of ATLAS and each method with either KL
-    (`analysis.matched.dominance`)."""
+    (`analysis.matched.dominance`); and the paired bootstrap over code problems and retained items with `resamples`
+    resamples (`analysis.bootstrap`), for the backbones whose records carry per-problem and per-item results."""
+    BT.check_resamples(resamples)
     lv = [x if isinstance(x, MT.Level) else MT.parse_level(x) for x in levels]
     ref = MT.parse_reference(reference)
     if not lv:
@@ -132,8 +137,9 @@ def analyze(
 
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
+    items = BT.item_bootstrap(runs, lv, interpolate, ref, confidence, resamples)
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
-                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance)
+                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, items)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

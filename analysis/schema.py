@@ -9,7 +9,9 @@ The record's layout and its validation are `suite_schema.layout` (shared with th
     knob/<name> (every `knobs` entry but `name`), knob/train.steps, knob/train.lr,
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
     retained/<domain>/<metric> (kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
-    retained/<domain>/kind (math | choice | other), cost/<field>, train/final_loss, train/steps,
+    retained/<domain>/kind (math | choice | other) (the domains of `metrics.retained_near`, or of `metrics.retained` in
+    older records: `suite_schema.layout.retained_of`), per_item (`per_item_of`, only for records carrying
+    per-problem or per-item results), cost/<field>, train/final_loss, train/steps,
     provenance/git_sha, provenance/git_dirty, provenance/end_time, provenance/machine (CPU model / vector ISA / CUDA
     device, only for records that carry it), config_key.
 """
@@ -24,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from suite_schema import registry, run_identity
-from suite_schema.layout import ACCURACY_KEYS, RATE_KEYS, TRAIN_KNOBS, benchmark_label, is_number
+from suite_schema.layout import ACCURACY_KEYS, RATE_KEYS, TRAIN_KNOBS, benchmark_label, is_number, retained_of
 
 # The coding axis (higher is better) and the headline retained axis (lower is better).
 TARGET_COL = "target/pass@1"
@@ -117,6 +119,30 @@ def sweep_key(method: str, backbone: str, benchmark: str, knobs: dict, scale: fl
     return _digest({"method": method, "backbone": backbone, "benchmark": benchmark, "knobs": knobs, "scale": scale})
 
 
+#: The per-problem and per-item results of a record (`per_item_of`), as canonical JSON text; only in rows of records
+#: that carry some. Read by `analysis.bootstrap`.
+PER_ITEM_COL = "per_item"
+
+
+def per_item_of(metrics: dict) -> Optional[str]:
+    """The per-problem and per-item results a record's `metrics` carry, as canonical JSON text
+    `{"problems": {"task_ids": [...], "passed": [...]}, "items": {<domain>: {"kl_sum": [...], "n_tokens": [...]}}}`:
+    `metrics.target.per_problem` (greedy pass, 0 or 1, per code problem) and each retained domain's `per_item` (KL in
+    nats summed over an item's response tokens, and its token count) among the domains of `retained_of`. Either part
+    is left out when the record lacks it; None when it lacks both (records made before these fields). Not checked
+    here (`analysis.bootstrap.eval_sets` does)."""
+    out: dict[str, Any] = {}
+    problems = (metrics.get("target") or {}).get("per_problem")
+    if problems is not None:
+        out["problems"] = problems
+    retained = retained_of(metrics)[1] or {}
+    items = {dom: entry["per_item"] for dom, entry in sorted(retained.items())
+             if isinstance(entry, dict) and entry.get("per_item") is not None}
+    if items:
+        out["items"] = items
+    return json.dumps(out, sort_keys=True, separators=(",", ":")) if out else None
+
+
 def to_row(record: dict, source: str) -> dict:
     """The flat row of a valid complete record (see the module docstring for the columns)."""
     knobs = knobs_of(record)
@@ -144,7 +170,10 @@ def to_row(record: dict, source: str) -> dict:
         if is_number(value):
             row[f"target/{key}"] = float(value) if key.startswith("pass@") else value
     row[KL_MEAN_COL] = float(metrics["retained_kl_mean"])
-    for dom, entry in sorted(metrics["retained"].items()):
+    per_item = per_item_of(metrics)
+    if per_item is not None:
+        row[PER_ITEM_COL] = per_item
+    for dom, entry in sorted(retained_of(metrics)[1].items()):
         pre = f"retained/{dom}/"
         row[pre + "kind"] = domain_kind(entry)
         for key in ("kl_token_mean", "kl_seq_mean", "n_tokens", "n"):

@@ -132,12 +132,27 @@ def _check_type(record: dict, key: str, types: tuple) -> Optional[str]:
     return None
 
 
+#: Where a complete record keeps its retained domains (the headline KL's): `metrics.retained_near`, or, in records
+#: made before retained domains were split into near and far ones, `metrics.retained`.
+RETAINED_KEYS = ("retained_near", "retained")
+
+
+def retained_of(metrics: dict) -> tuple[str, Any]:
+    """(key, value) of the retained domains whose KL `retained_kl_mean` averages: `metrics.retained_near` when the
+    record carries it, else `metrics.retained` (None when neither is there)."""
+    for key in RETAINED_KEYS:
+        if key in metrics:
+            return key, metrics[key]
+    return RETAINED_KEYS[-1], None
+
+
 def validate(record: Any) -> Optional[str]:
     """None when `record` is a usable record of any status, else the reason it is malformed.
 
     Failed, interrupted and running records need only `run_id` and `status`; a complete record
     needs every key in `REQUIRED` plus `metrics.target.pass@1` (a number in [0, 1]),
-    `metrics.retained` (an object of domains, each with a finite `kl_token_mean`) and a finite
+    `metrics.retained_near` or, in older records, `metrics.retained` (`retained_of`: an object of domains, each with
+    a finite `kl_token_mean`) and a finite
     `metrics.retained_kl_mean`. Optional parts (`cost`, `train`, `scale`, rates) are type-checked
     when present.
     """
@@ -177,25 +192,25 @@ def _validate_complete(record: dict) -> Optional[str]:
     for key, value in target.items():
         if key.startswith("pass@") and value is not None and not _is_finite(value):
             return f"'metrics.target.{key}' is {type_name(value)}, expected a number"
-    retained = metrics.get("retained")
+    name, retained = retained_of(metrics)
     if not isinstance(retained, dict):
-        return "missing 'metrics.retained'" if retained is None else (
-            f"'metrics.retained' is {type_name(retained)}, expected object")
+        return f"missing 'metrics.{name}'" if retained is None else (
+            f"'metrics.{name}' is {type_name(retained)}, expected object")
     for dom, entry in retained.items():
         if not isinstance(entry, dict):
-            return f"'metrics.retained.{dom}' is {type_name(entry)}, expected object"
+            return f"'metrics.{name}.{dom}' is {type_name(entry)}, expected object"
         kl = entry.get("kl_token_mean")
         if not _is_finite(kl):
-            return f"'metrics.retained.{dom}.kl_token_mean' is {type_name(kl)}, expected a finite number"
+            return f"'metrics.{name}.{dom}.kl_token_mean' is {type_name(kl)}, expected a finite number"
         for key in ("kl_seq_mean", "n_tokens", "n"):
             if key in entry and entry[key] is not None and not is_number(entry[key]):
-                return f"'metrics.retained.{dom}.{key}' is {type_name(entry[key])}, expected a number"
+                return f"'metrics.{name}.{dom}.{key}' is {type_name(entry[key])}, expected a number"
         for key in RATE_KEYS + ACCURACY_KEYS:
             if key in entry and entry[key] is not None:
                 inner = entry[key]
                 field = "rate" if key in RATE_KEYS else "accuracy"
                 if not isinstance(inner, dict) or (inner.get(field) is not None and not is_number(inner.get(field))):
-                    return f"'metrics.retained.{dom}.{key}' is malformed, expected {{{field!r}: number, 'n': count}}"
+                    return f"'metrics.{name}.{dom}.{key}' is malformed, expected {{{field!r}: number, 'n': count}}"
     kl_mean = metrics.get("retained_kl_mean")
     if not _is_finite(kl_mean):
         return "missing 'metrics.retained_kl_mean'" if "retained_kl_mean" not in metrics else (
