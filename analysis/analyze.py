@@ -37,6 +37,7 @@ class Analysis:
     pooled: pd.DataFrame = field(default_factory=pd.DataFrame)       # its summary over seeds
     dominance: pd.DataFrame = field(default_factory=pd.DataFrame)    # ATLAS against each method, mean and pooled KL
     items: Optional[BT.ItemBootstrap] = None  # ATLAS against each method, resampling problems and retained items
+    domain_levels: pd.DataFrame = field(default_factory=pd.DataFrame)  # as domain_matched, every level
 
     @property
     def primary_level(self) -> MT.Level:
@@ -75,7 +76,8 @@ def analyze(
 ) -> Analysis:
     """Sweep points and frontiers of every domain, the matched-requirement values at every level (`gain:` levels
     as shares of `reference`'s gain, `analysis.matched`), the paired comparisons, the per-domain and answer-level
-    values at the primary level (default: the middle level); the matched values again with the token-pooled KL
+    values at the primary level (default: the middle level) and the per-domain values at every level; the matched
+    values again with the token-pooled KL
     (`pareto.pooled_kl`, runs without it left out), and the dominance counts of ATLAS and each method with either KL
     (`analysis.matched.dominance`); and the paired bootstrap over code problems and retained items with `resamples`
     resamples (`analysis.bootstrap`), for the backbones whose records carry per-problem and per-item results."""
@@ -123,23 +125,29 @@ def analyze(
     dominance = pd.concat([MT.dominance(runs, M.REFERENCE, y, name) for y, name in
                      ((schema.KL_MEAN_COL, "mean"), (pareto.POOLED_KL_COL, "pooled"))], ignore_index=True)
 
-    dseeds, dsums = [], []
+    dseeds, dsums, dlevels = [], [], []
     for dom in doms:
-        ds = MT.per_seed_matched(runs, [lv[primary]], pareto.kl_column(dom), interpolate, trained, ref)
-        dsum = MT.summarize_matched(ds, confidence)
-        ds.insert(0, "domain", dom)
-        dsum.insert(0, "domain", dom)
+        # Every level read once; the primary level's rows are the per-domain table's (domain_seed, domain_matched).
+        ds_all = MT.per_seed_matched(runs, lv, pareto.kl_column(dom), interpolate, trained, ref)
+        dsum_all = MT.summarize_matched(ds_all, confidence)
+        ds = ds_all[ds_all["level_spec"] == lv[primary].spec].reset_index(drop=True)
+        dsum = dsum_all[dsum_all["level_spec"] == lv[primary].spec].reset_index(drop=True)
+        for frame in (ds, dsum, dsum_all):
+            frame.insert(0, "domain", dom)
         dseeds.append(ds)
         dsums.append(dsum)
+        dlevels.append(dsum_all)
     domain_seed = pd.concat(dseeds, ignore_index=True) if dseeds else pd.DataFrame(columns=["domain"])
     domain_matched = (pd.concat(dsums, ignore_index=True) if dsums
                       else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
+    domain_levels = (pd.concat(dlevels, ignore_index=True) if dlevels
+                     else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
 
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
     items = BT.item_bootstrap(runs, lv, interpolate, ref, confidence, resamples)
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
-                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, items)
+                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, items, domain_levels)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

@@ -36,6 +36,8 @@ OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
 TABLE_TEXT = {
     "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
     "main_pooled": "The main table with the retained KL pooled over tokens (each domain weighs by its scored tokens)",
+    **{f"main_{dom}": f"The main table with {dom}'s retained KL alone, matched on that domain's fronts"
+       for dom in pareto.DOMAIN_ORDER},
     "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test; "
               "raw and Holm-corrected p)",
     "paired_items": "ATLAS against each method, resampling code problems and retained items (interval and p), next "
@@ -64,6 +66,8 @@ DATA_TEXT = {
     "dominance.csv": "ATLAS against each method: measured points on shared seeds and how many the other dominates "
                      "(kl: mean or pooled)",
     "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
+    "matched_domains_summary.csv": "per domain, level and method, the domain's KL alone: seeds reaching, mean, std, "
+                                   "95% t and bootstrap intervals",
     "answers_per_seed.csv": "per seed at the primary level: the chosen point's answer-level metrics",
 }
 
@@ -327,6 +331,7 @@ def write_report(
         "matched_pooled_summary.csv": a.pooled,
         "dominance.csv": a.dominance,
         "domains_per_seed.csv": a.domain_seed,
+        "matched_domains_summary.csv": a.domain_levels,
         "answers_per_seed.csv": a.answers,
     }
     data_files = []

@@ -2,6 +2,7 @@
 
 - main:      KL at the matched coding requirement, ATLAS and the baselines, every level
 - main_pooled: the same with the token-pooled KL (every scored token of every domain weighs the same)
+- main_<domain>: the same with one retained domain's KL alone, every level (one table per domain)
 - paired:    ATLAS against each other method at every level (paired over seeds), raw and Holm-corrected p
 - paired_items: the same difference's interval and p from resampling code problems and retained items (only for
              records carrying per-problem and per-item results)
@@ -160,6 +161,24 @@ def main_pooled_table(a: Analysis) -> Table:
                           "here a domain weighs by its scored tokens. Runs whose records lack a domain's n_tokens are "
                           "left out.")
     return t
+
+
+def main_domain_tables(a: Analysis) -> list[Table]:
+    """The main table once per retained domain, each read with that domain's KL alone, matched on the domain's own
+    fronts at every level (`Analysis.domain_levels`); the `domains` table shows them side by side at the primary
+    level."""
+    out = []
+    for dom in a.domains:
+        t = _matched_rows(
+            a, M.main_methods, f"Retained KL on {dom} at matched coding requirement: ATLAS and baselines",
+            f"main_{dom}", "No complete runs of ATLAS or of a baseline among the collected records.", False,
+            data_column=True, summ=a.domain_levels[a.domain_levels["domain"] == dom],
+            what=f"{dom}'s retained KL (token mean, that domain alone)")
+        if t.absent is None:
+            t.notes.insert(1, f"Each seed's value is read on the fronts of {dom}'s KL, not of the mean over domains: a "
+                              "method's point that is best for the mean need not be best here.")
+        out.append(t)
+    return out
 
 
 def ablation_table(a: Analysis) -> Table:
@@ -481,11 +500,16 @@ def costs_table(a: Analysis) -> Table:
     return table
 
 
-BUILDERS = (main_table, main_pooled_table, paired_table, items_table, dominance_table, ablation_table, backbones_table,
+BUILDERS = (main_table, main_pooled_table, main_domain_tables, paired_table, items_table, dominance_table, ablation_table, backbones_table,
             domains_table, answers_table, costs_table)
 #: Tables the report leaves out, instead of writing their absence, when they have nothing to show (`Report.absent`).
 OPTIONAL = ("paired_items",)
 
 
 def all_tables(a: Analysis) -> list[Table]:
-    return [build(a) for build in BUILDERS]
+    """Every table, in `BUILDERS` order (a builder may give several)."""
+    out = []
+    for build in BUILDERS:
+        t = build(a)
+        out += t if isinstance(t, list) else [t]
+    return out
