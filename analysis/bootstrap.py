@@ -210,8 +210,7 @@ class _Layout:
 def _layout(rows: pd.DataFrame, methods: Sequence[str], ref_key: Optional[str]) -> _Layout:
     cells = list(dict.fromkeys(zip(rows["method"], rows["sweep_key"], rows["seed"].astype(int))))
     index = {c: i for i, c in enumerate(cells)}
-    which = [index[c] for c in zip(rows["method"], rows["sweep_key"], rows["seed"].astype(int))]
-    which = np.asarray(which)
+    which = np.asarray([index[c] for c in zip(rows["method"], rows["sweep_key"], rows["seed"].astype(int))])
     cell_runs = [np.flatnonzero(which == i) for i in range(len(cells))]
     train = dict(zip(rows["sweep_key"], rows["train_key"]))
     seeds = {}
@@ -226,6 +225,7 @@ def _layout(rows: pd.DataFrame, methods: Sequence[str], ref_key: Optional[str]) 
 
 def _statistics(lay: _Layout, pass_runs: np.ndarray, kl_runs: np.ndarray, levels: Sequence[MT.Level],
                 interpolate: bool, reference: str, others: Sequence[str]) -> "GroupStats":
+    """`GroupStats` from per-run pass@1 and KL, (resamples, runs) each: cell means, requirements, matched readings."""
     n = pass_runs.shape[0]
     xs_all = np.stack([pass_runs[:, idx].mean(axis=1) for idx in lay.cell_runs], axis=1)
     ys_all = np.stack([kl_runs[:, idx].mean(axis=1) for idx in lay.cell_runs], axis=1)
