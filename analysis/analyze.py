@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
+from analysis import bootstrap as BT
 from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, schema
@@ -37,6 +38,8 @@ class Analysis:
     dominance: pd.DataFrame = field(default_factory=pd.DataFrame)    # ATLAS against each method, mean and pooled KL
     # Records with far items: KL column (`pareto.NEAR_KL_COL`, ...) -> (per seed, summary) as matched_seed / matched
     variants: dict = field(default_factory=dict)
+    items: Optional[BT.ItemBootstrap] = None  # ATLAS against each method, resampling problems and retained items
+    domain_levels: pd.DataFrame = field(default_factory=pd.DataFrame)  # as domain_matched, every level
 
     @property
     def primary_level(self) -> MT.Level:
@@ -71,12 +74,16 @@ def analyze(
     interpolate: bool = True,
     confidence: float = 0.95,
     reference: str | MT.Reference = MT.DEFAULT_REFERENCE,
+    resamples: int = BT.DEFAULT_RESAMPLES,
 ) -> Analysis:
     """Sweep points and frontiers of every domain, the matched-requirement values at every level (`gain:` levels
     as shares of `reference`'s gain, `analysis.matched`), the paired comparisons, the per-domain and answer-level
-    values at the primary level (default: the middle level); the matched values again with the token-pooled KL
+    values at the primary level (default: the middle level) and the per-domain values at every level; the matched
+    values again with the token-pooled KL
     (`pareto.pooled_kl`, runs without it left out), and the dominance counts of ATLAS and each method with either KL
-    (`analysis.matched.dominance`)."""
+    (`analysis.matched.dominance`); and the paired bootstrap over code problems and retained items with `resamples`
+    resamples (`analysis.bootstrap`), for the backbones whose records carry per-problem and per-item results."""
+    BT.check_resamples(resamples)
     lv = [x if isinstance(x, MT.Level) else MT.parse_level(x) for x in levels]
     ref = MT.parse_reference(reference)
     if not lv:
@@ -126,17 +133,23 @@ def analyze(
     dominance = pd.concat([MT.dominance(runs, M.REFERENCE, y, name) for y, name in
                      ((schema.KL_MEAN_COL, "mean"), (pareto.POOLED_KL_COL, "pooled"))], ignore_index=True)
 
-    dseeds, dsums = [], []
+    dseeds, dsums, dlevels = [], [], []
     for dom in doms:
-        ds = MT.per_seed_matched(runs, [lv[primary]], pareto.kl_column(dom), interpolate, trained, ref)
-        dsum = MT.summarize_matched(ds, confidence)
-        ds.insert(0, "domain", dom)
-        dsum.insert(0, "domain", dom)
+        # Every level read once; the primary level's rows are the per-domain table's (domain_seed, domain_matched).
+        ds_all = MT.per_seed_matched(runs, lv, pareto.kl_column(dom), interpolate, trained, ref)
+        dsum_all = MT.summarize_matched(ds_all, confidence)
+        ds = ds_all[ds_all["level_spec"] == lv[primary].spec].reset_index(drop=True)
+        dsum = dsum_all[dsum_all["level_spec"] == lv[primary].spec].reset_index(drop=True)
+        for frame in (ds, dsum, dsum_all):
+            frame.insert(0, "domain", dom)
         dseeds.append(ds)
         dsums.append(dsum)
+        dlevels.append(dsum_all)
     domain_seed = pd.concat(dseeds, ignore_index=True) if dseeds else pd.DataFrame(columns=["domain"])
     domain_matched = (pd.concat(dsums, ignore_index=True) if dsums
                       else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
+    domain_levels = (pd.concat(dlevels, ignore_index=True) if dlevels
+                     else pd.DataFrame(columns=["domain", *MT.SUMMARY_COLS]))
 
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
@@ -144,8 +157,10 @@ def analyze(
     for col in (pareto.NEAR_KL_COL, pareto.FAR_KL_COL, pareto.FAR_POOLED_KL_COL, pareto.ALL_POOLED_KL_COL) if far else ():
         vseed = MT.per_seed_matched(runs, lv, col, interpolate, trained, ref)
         variants[col] = (vseed, MT.summarize_matched(vseed, confidence))
+    items = BT.item_bootstrap(runs, lv, interpolate, ref, confidence, resamples)
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
-                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, variants)
+                    paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, variants, items,
+                    domain_levels)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

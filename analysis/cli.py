@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from analysis import bootstrap as BT
 from analysis import matched as MT
 
 EXAMPLES = """examples:
@@ -56,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(conf/method/<name>.yaml) form a method of their own, METHOD[KNOB=VALUE,...], with its own "
                         "fronts, rows and paired difference (e.g. --variants filter_members filter_basis); a record "
                         "without a knob added later counts as made at its earlier value (LATER_KEYS)")
+    r.add_argument("--resamples", type=int, default=BT.DEFAULT_RESAMPLES, metavar="N",
+                   help="resamples of the bootstrap over code problems and retained items, for records carrying "
+                        f"per-problem and per-item results (default: %(default)s; at least {BT.MIN_RESAMPLES})")
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -135,10 +139,10 @@ def _report(args, api) -> int:
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
     reference = MT.parse_reference(args.reference).spec
     command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference,
-                              args.variants)
+                              args.variants, args.resamples)
     kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
                   api=api, command=command, progress=not args.no_progress, reference=reference,
-                  variants=args.variants)
+                  variants=args.variants, resamples=args.resamples)
     if args.check:
         diffs = check_report(args.dirs, args.out, **kwargs)
         if diffs:
@@ -153,6 +157,8 @@ def _report(args, api) -> int:
     print(f"{len(col.table)} complete runs; {len(col.skipped)} skipped; {len(rep.files)} files in {rep.folder}")
     if col.skipped:
         _print_skipped(col.skipped)
+    for line in rep.absent:
+        print(line)
     if rep.ledger is None:
         print("no test-read ledger in or above the record folders")
     else:

@@ -175,13 +175,48 @@ def gain_range(df: pd.DataFrame, backbone: str, benchmark: str,
     return lo, max(lo, hi)
 
 
+def requirement(level: Level, lo: float, hi: float) -> float:
+    """The absolute pass@1 requirement of `level` given the gain range (lo, hi) (`gain_range`; unused for an
+    absolute level)."""
+    return level.value if level.kind == "abs" else lo + level.value * (hi - lo)
+
+
 def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str,
               reference: "str | Reference" = DEFAULT_REFERENCE) -> float:
     """The absolute pass@1 requirement of `level` on one backbone and benchmark."""
     if level.kind == "abs":
         return level.value
-    lo, hi = gain_range(df, backbone, benchmark, reference)
-    return lo + level.value * (hi - lo)
+    return requirement(level, *gain_range(df, backbone, benchmark, reference))
+
+
+@dataclass(frozen=True)
+class SeedReading:
+    """One seed's reading at a requirement: whether a point meets it, the KL there (NaN when not reached), the
+    chosen measured point (its pass@1 and sweep key; with interpolation the least-KL point meeting the level) and
+    whether the KL was interpolated."""
+
+    reached: bool
+    kl: float
+    pass1: float
+    sweep_key: Optional[str]
+    interpolated: bool
+
+
+def read_seed(xs: Sequence[float], ys: Sequence[float], keys: Sequence[str], train_keys: Sequence, c: float,
+              interpolate: bool, fronts: Optional[list] = None) -> SeedReading:
+    """The matched KL of one method on one seed at pass@1 requirement `c`, from its measured points: pass@1 `xs`,
+    KL `ys` (nats per token), sweep keys `keys` and training runs `train_keys` (in sweep-key order). Without
+    interpolation the least KL among the points meeting `c`; with it, the frontier's value at `c`
+    (`envelope_value` over the runs' curves, `run_fronts`; `fronts` passes them in when already built)."""
+    meets = [i for i in range(len(xs)) if xs[i] >= c - TOL]
+    if not meets:
+        return SeedReading(False, float("nan"), float("nan"), None, False)
+    best = min(meets, key=lambda i: (ys[i], -xs[i], keys[i]))
+    if not interpolate:
+        return SeedReading(True, ys[best], xs[best], keys[best], False)
+    # `best` meets c, so its run reaches c and the value exists
+    value = envelope_value(run_fronts(xs, ys, list(train_keys)) if fronts is None else fronts, c)
+    return SeedReading(True, value, xs[best], keys[best], value != ys[best])
 
 
 def per_seed_matched(
@@ -208,18 +243,12 @@ def per_seed_matched(
                 gm = g[g["method"] == method]
                 for seed, gs in gm.groupby("seed", sort=True):
                     gs = gs.sort_values("sweep_key", kind="mergesort")
-                    xs, ys, keys = list(gs[schema.TARGET_COL]), list(gs[y_col]), list(gs["sweep_key"])
-                    meets = [i for i in range(len(xs)) if xs[i] >= c - TOL]
-                    row = {"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
-                           "threshold": c, "method": method, "seed": int(seed), "reached": bool(meets),
-                           "kl": float("nan"), "pass@1": float("nan"), "sweep_key": None, "interpolated": False}
-                    if meets:
-                        best = min(meets, key=lambda i: (ys[i], -xs[i], keys[i]))
-                        row.update({"kl": ys[best], "pass@1": xs[best], "sweep_key": keys[best]})
-                        if interpolate:  # `best` meets c, so its run reaches c and the value exists
-                            value = envelope_value(run_fronts(xs, ys, list(gs["train_key"])), c)
-                            row.update({"kl": value, "interpolated": value != ys[best]})
-                    rows.append(row)
+                    r = read_seed(list(gs[schema.TARGET_COL]), list(gs[y_col]), list(gs["sweep_key"]),
+                                  list(gs["train_key"]), c, interpolate)
+                    rows.append({"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
+                                 "threshold": c, "method": method, "seed": int(seed), "reached": r.reached,
+                                 "kl": r.kl, "pass@1": r.pass1, "sweep_key": r.sweep_key,
+                                 "interpolated": r.interpolated})
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -17,13 +17,15 @@ from typing import Any, Optional, Sequence
 
 import pandas as pd
 
+from analysis import bootstrap as BT
 from analysis import figures as figure_render
 from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, read_ledger, render
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
-from analysis.tables import all_tables, group_label
+from analysis.schema import PER_ITEM_COL
+from analysis.tables import OPTIONAL, all_tables, group_label
 from analysis.worlds import world_lines
 from analysis.variants import split_variants
 
@@ -39,8 +41,12 @@ TABLE_TEXT = {
     "main_far": "The main table with the far items' retained KL",
     "main_far_pooled": "The main table with the far items' retained KL pooled over tokens",
     "main_all_pooled": "The main table with the near and far items' retained KL pooled over tokens",
+    **{f"main_{dom}": f"The main table with {dom}'s retained KL alone, matched on that domain's fronts"
+       for dom in pareto.DOMAIN_ORDER},
     "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test; "
               "raw and Holm-corrected p)",
+    "paired_items": "ATLAS against each method, resampling code problems and retained items (interval and p), next "
+                    "to the paired table's interval over seeds",
     "dominance": "Share of ATLAS's measured points dominated by a same-seed point of each method, and the reverse",
     "ablations": "The ATLAS variants at every level and their paired difference to ATLAS",
     "backbones": "KL at the primary level, one column per backbone",
@@ -57,6 +63,9 @@ DATA_TEXT = {
     "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% t and bootstrap intervals",
     "paired.csv": "ATLAS against each method per level: pairs, mean difference, t and bootstrap intervals, t, p, sign test, "
                   "Holm-corrected p (p_t_holm, p_sign_holm)",
+    "paired_items.csv": "ATLAS against each method per level, resampling code problems and retained items: problems, "
+                        "items, pairs, mean difference, resamples with a pair, percentile interval, bootstrap p and its "
+                        "Holm correction",
     "matched_pooled_per_seed.csv": "as matched_per_seed.csv with the token-pooled retained KL",
     "matched_pooled_summary.csv": "as matched_summary.csv with the token-pooled retained KL",
     "matched_near_summary.csv": "as matched_summary.csv with the near items' KL (benchmarks with far items)",
@@ -66,6 +75,8 @@ DATA_TEXT = {
     "dominance.csv": "ATLAS against each method: measured points on shared seeds and how many the other dominates "
                      "(kl: mean or pooled)",
     "domains_per_seed.csv": "per domain at the primary level: per-seed matched KL",
+    "matched_domains_summary.csv": "per domain, level and method, the domain's KL alone: seeds reaching, mean, std, "
+                                   "95% t and bootstrap intervals",
     "answers_per_seed.csv": "per seed at the primary level: the chosen point's answer-level metrics",
 }
 
@@ -77,6 +88,7 @@ class Report:
     analysis: Analysis
     files: list[Path] = field(default_factory=list)
     ledger: Optional[read_ledger.Ledger] = None  # the test-read ledger(s) in or above the record folders, if any
+    absent: list[str] = field(default_factory=list)  # tables left out (`tables.OPTIONAL`) and why, one line each
 
 
 def _csv(df: pd.DataFrame, path: Path) -> Path:
@@ -258,7 +270,7 @@ def _clean_stale(folder: Path, written: set[Path]) -> None:
 
 def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
                     interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE,
-                    variants: Sequence[str] = ()) -> str:
+                    variants: Sequence[str] = (), resamples: int = BT.DEFAULT_RESAMPLES) -> str:
     """The command line that regenerates a report with these arguments."""
     args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
     if any(MT.parse_level(lv).kind == "gain" for lv in levels):
@@ -271,6 +283,8 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
         args += ["--wandb", w]
     if variants:
         args += ["--variants", *variants]
+    if resamples != BT.DEFAULT_RESAMPLES:
+        args += ["--resamples", str(resamples)]
     return shlex.join(args)
 
 
@@ -286,22 +300,30 @@ def write_report(
     progress: bool = False,
     reference: str = MT.DEFAULT_REFERENCE,
     variants: Sequence[str] = (),
+    resamples: int = BT.DEFAULT_RESAMPLES,
 ) -> Report:
     """Collect, analyse and write every table, figure and data file plus `index.md` into `out`. `variants`: knobs
-    whose non-default settings make a method's records a method of their own (`analysis.variants`)."""
+    whose non-default settings make a method's records a method of their own (`analysis.variants`); `resamples`: of the
+    bootstrap over code problems and retained items (`analysis.bootstrap`). A table in `tables.OPTIONAL` with nothing
+    to show is not written; `Report.absent` says why."""
+    BT.check_resamples(resamples)
     folder = Path(out)
     # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
     owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
-    a = analyze(split_variants(col.table, variants), MT.parse_levels(levels), primary, interpolate, reference=reference)
+    a = analyze(split_variants(col.table, variants), MT.parse_levels(levels), primary, interpolate, reference=reference,
+                resamples=resamples)
     rep = Report(folder, col, a, ledger=read_ledger.read_ledgers(dirs))
     if command is None:
         command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
-                                  a.reference.spec, variants)
+                                  a.reference.spec, variants, resamples)
 
     written: list[Path] = []
     tables = []
     for t in all_tables(a):
+        if t.name in OPTIONAL and t.absent:
+            rep.absent.append(f"{t.name}: not written: {t.absent}")
+            continue
         md = _write(folder / "tables" / f"{t.name}.md", render.to_markdown(t))
         tex = _write(folder / "tables" / f"{t.name}.tex", render.to_latex(t))
         written += [md, tex]
@@ -309,7 +331,7 @@ def write_report(
 
     data = {
         "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns
-                                         if c.endswith("/accuracy_delta") or c == pareto.POOLED_KL_COL
+                                         if c.endswith("/accuracy_delta") or c in (pareto.POOLED_KL_COL, PER_ITEM_COL)
                                          or c in a.variants]),
         "skipped.csv": col.skipped_frame(),
         "thresholds.csv": a.thresholds,
@@ -317,10 +339,12 @@ def write_report(
         "matched_per_seed.csv": a.matched_seed,
         "matched_summary.csv": a.matched,
         "paired.csv": a.paired,
+        **({"paired_items.csv": a.items.table} if any(t.name == "paired_items" for t, _ in tables) else {}),
         "matched_pooled_per_seed.csv": a.pooled_seed,
         "matched_pooled_summary.csv": a.pooled,
         "dominance.csv": a.dominance,
         "domains_per_seed.csv": a.domain_seed,
+        "matched_domains_summary.csv": a.domain_levels,
         "answers_per_seed.csv": a.answers,
     }
     for col, (_, summary) in a.variants.items():
@@ -364,7 +388,7 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
         levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
         kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", True),
                                             kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE),
-                                            kwargs.get("variants", ()))
+                                            kwargs.get("variants", ()), kwargs.get("resamples", BT.DEFAULT_RESAMPLES))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:
         write_report(dirs, tmp, **kwargs)

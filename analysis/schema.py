@@ -10,7 +10,8 @@ The record's layout and its validation are `suite_schema.layout` (shared with th
     target/<metric> (pass@1, pass@k, n_problems, n_samples), retained_kl_mean,
     retained/<domain>/<metric> (near items: kl_token_mean, kl_seq_mean, n_tokens, n, the rates and accuracies),
     retained_far/<domain>/<metric> (far items, the same metrics, where the record has them),
-    retained/<domain>/kind (math | choice | other), cost/<field>, train/final_loss, train/steps,
+    retained/<domain>/kind (math | choice | other), per_item (`per_item_of`, only for records carrying per-problem or
+    per-item results), cost/<field>, train/final_loss, train/steps,
     provenance/git_sha, provenance/git_dirty, provenance/end_time, provenance/machine (CPU model / vector ISA / CUDA
     device, only for records that carry it), config_key.
 """
@@ -142,6 +143,28 @@ def _domain_columns(row: dict, domains: dict, prefix: str) -> None:
             inner = entry.get(key)
             if isinstance(inner, dict) and is_number(inner.get("accuracy")):
                 row[pre + key] = float(inner["accuracy"])
+#: The per-problem and per-item results of a record (`per_item_of`), as canonical JSON text; only in rows of records
+#: that carry some. Read by `analysis.bootstrap`.
+PER_ITEM_COL = "per_item"
+
+
+def per_item_of(metrics: dict) -> Optional[str]:
+    """The per-problem and per-item results a record's `metrics` carry, as canonical JSON text
+    `{"problems": {"task_ids": [...], "passed": [...]}, "items": {<domain>: {"kl_sum": [...], "n_tokens": [...]}},
+    "far_items": {...}}`: `metrics.target.per_problem` (greedy pass, 0 or 1, per code problem) and each retained
+    domain's `per_item` (KL in nats summed over an item's response tokens, and its token count), near and far. A part
+    is left out when the record lacks it; None when it lacks both (records made before these fields). Not checked
+    here (`analysis.bootstrap.eval_sets` does)."""
+    out: dict[str, Any] = {}
+    problems = (metrics.get("target") or {}).get("per_problem")
+    if problems is not None:
+        out["problems"] = problems
+    for key, domains in (("items", retained_near(metrics)), ("far_items", retained_far(metrics))):
+        items = {dom: entry["per_item"] for dom, entry in sorted((domains or {}).items())
+                 if isinstance(entry, dict) and entry.get("per_item") is not None}
+        if items:
+            out[key] = items
+    return json.dumps(out, sort_keys=True, separators=(",", ":")) if out else None
 
 
 def to_row(record: dict, source: str) -> dict:
@@ -171,6 +194,9 @@ def to_row(record: dict, source: str) -> dict:
         if is_number(value):
             row[f"target/{key}"] = float(value) if key.startswith("pass@") else value
     row[KL_MEAN_COL] = float(metrics["retained_kl_mean"])
+    per_item = per_item_of(metrics)
+    if per_item is not None:
+        row[PER_ITEM_COL] = per_item
     _domain_columns(row, retained_near(metrics), "retained")
     _domain_columns(row, retained_far(metrics), "retained_far")
     for key, value in sorted((record.get("cost") or {}).items()):

@@ -4,7 +4,10 @@
 - main_pooled: the same with the token-pooled KL (every scored token of every domain weighs the same)
 - main_near, main_far, main_far_pooled, main_all_pooled: the same with the near or far items' KL (records with far
   items only; their main table's KL is the pre-registered headline)
+- main_<domain>: the same with one retained domain's KL alone, every level (one table per domain)
 - paired:    ATLAS against each other method at every level (paired over seeds), raw and Holm-corrected p
+- paired_items: the same difference's interval and p from resampling code problems and retained items (only for
+             records carrying per-problem and per-item results)
 - dominance: the share of ATLAS's measured points a same-seed point of each method dominates, and the reverse
 - ablations: the ATLAS variants at every level, and their paired difference to ATLAS
 - backbones: KL at the primary level, one column per backbone
@@ -163,6 +166,24 @@ def main_pooled_table(a: Analysis) -> Table:
     return t
 
 
+def main_domain_tables(a: Analysis) -> list[Table]:
+    """The main table once per retained domain, each read with that domain's KL alone, matched on the domain's own
+    fronts at every level (`Analysis.domain_levels`); the `domains` table shows them side by side at the primary
+    level."""
+    out = []
+    for dom in a.domains:
+        t = _matched_rows(
+            a, M.main_methods, f"Retained KL on {dom} at matched coding requirement: ATLAS and baselines",
+            f"main_{dom}", "No complete runs of ATLAS or of a baseline among the collected records.", False,
+            data_column=True, summ=a.domain_levels[a.domain_levels["domain"] == dom],
+            what=f"{dom}'s retained KL (token mean, that domain alone)")
+        if t.absent is None:
+            t.notes.insert(1, f"Each seed's value is read on the fronts of {dom}'s KL, not of the mean over domains: a "
+                              "method's point that is best for the mean need not be best here.")
+        out.append(t)
+    return out
+
+
 def ablation_table(a: Analysis) -> Table:
     def names(ms):
         fam = M.ablation_methods(ms)
@@ -232,6 +253,71 @@ def paired_table(a: Analysis) -> Table:
         "a comparison is significant at a family-wise level α when its Holm p ≤ α.",
         _kl_note(a).split(". (k/n")[0] + ".",
     ] + _level_notes(a, a.levels)
+    return table
+
+
+def _p_boot(p: Optional[float], n_defined: int) -> str:
+    """A bootstrap p; 0 (no resample across 0) as below its resolution, 2 / resamples."""
+    if p == 0.0 and n_defined:
+        return f"<{2.0 / n_defined:.2g}"
+    return fmt_p(p)
+
+
+def items_table(a: Analysis) -> Table:
+    """ATLAS against each method per level, the matched-KL difference's interval and p from resampling code problems
+    and retained items (`analysis.bootstrap`), next to the paired table's t-interval over seeds. Absent, with each
+    backbone's reason, when no backbone's records can be resampled."""
+    table = Table("paired_items", "ATLAS against each method, resampling code problems and retained items",
+                  group_header="Backbone")
+    table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI (seeds, t)", "95% CI (problems and items)",
+                     "p (problems and items)", "p (Holm)", "Resamples with a pair"]
+    table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r"]
+    items = a.items
+    if items is None or items.table.empty:
+        reasons = [f"{group_label(bb, bench)}: {why}" for bb, bench, why in (items.unavailable if items else [])]
+        table.absent = ("Not resampled over code problems and retained items: " + "; ".join(reasons) + "." if reasons
+                        else "No backbone with runs of ATLAS and of another trained method: there is nothing to compare.")
+        return table
+    d, p = items.table, a.paired
+    for bb, bench in a.groups:
+        g = d[(d["backbone"] == bb) & (d["benchmark"] == bench)]
+        for method in M.ordered(g["method"]):
+            for lv in a.levels:
+                r = g[(g["method"] == method) & (g["level_spec"] == lv.spec)]
+                if r.empty:
+                    continue
+                r = r.iloc[0]
+                seeds = p[(p["backbone"] == bb) & (p["benchmark"] == bench) & (p["method"] == method)
+                          & (p["level_spec"] == lv.spec)]
+                n, defined = int(r["n_pairs"]), int(r["n_defined"])
+                seed_ci = (fmt_interval(_f(seeds["lo"].iloc[0]), _f(seeds["hi"].iloc[0]))
+                           if len(seeds) and int(seeds["n_pairs"].iloc[0]) >= 2 else "n/a")
+                table.rows.append([
+                    Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
+                    Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"), Cell(seed_ci),
+                    Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n else "n/a"),
+                    Cell(_p_boot(_f(r["p_boot"]), defined)), Cell(_p_boot(_f(r["p_boot_holm"]), defined)),
+                    Cell(f"{defined}/{int(r['n_resamples'])}"),
+                ])
+                table.groups.append(group_label(bb, bench))
+    first = d.iloc[0]
+    table.notes = [
+        f"Δ = KL(ATLAS) - KL(method), the mean over the seeds where both reach the level, as in the paired table "
+        f"(negative: ATLAS lower). 95% CI (problems and items): percentile interval of Δ over {items.n_resamples} "
+        f"resamples (numpy seed {items.seed}) of the {int(first['n_problems'])} code problems and the "
+        f"{int(first['n_items'])} retained items (each domain's items drawn with replacement, the problems likewise), one "
+        "resample for every run: per resample each run's pass@1 and retained KL are recomputed from its per-problem "
+        "passes and per-item KL, the gain levels from the base's and the reference's pass@1, and each seed's matched "
+        "KL is read along its runs' fronts as in the main table. The seeds are held fixed: this interval is the "
+        "evaluation sets' uncertainty, 95% CI (seeds, t) the paired table's over seeds.",
+        "p (problems and items): twice the smaller share of resamples with Δ ≤ 0 or Δ ≥ 0 (two-sided; <x: no resample "
+        "across 0, x = 2 / resamples); Holm: corrected over this table's comparisons on the backbone. Resamples with a "
+        "pair: those in which some seed pair reaches the level (the interval and p are over these); n/a: no pair on the "
+        "original sets.",
+    ]
+    for bb, bench, why in items.unavailable:
+        table.notes.append(f"{group_label(bb, bench)}: not resampled: {why}.")
+    table.notes += _level_notes(a, a.levels)
     return table
 
 
@@ -444,8 +530,10 @@ def near_far_tables(a: Analysis) -> list[Table]:
     return out
 
 
-BUILDERS = (main_table, main_pooled_table, near_far_tables, paired_table, dominance_table, ablation_table,
-            backbones_table, domains_table, answers_table, costs_table)
+BUILDERS = (main_table, main_pooled_table, near_far_tables, main_domain_tables, paired_table, items_table,
+            dominance_table, ablation_table, backbones_table, domains_table, answers_table, costs_table)
+#: Tables the report leaves out, instead of writing their absence, when they have nothing to show (`Report.absent`).
+OPTIONAL = ("paired_items",)
 
 
 def all_tables(a: Analysis) -> list[Table]:

@@ -195,3 +195,24 @@ def test_main_pooled_table_reads_the_matched_level_with_the_pooled_kl():
     assert "| micro | ATLAS | retained activations | 3 | **0.0253 ± 0.0137** |" in md
     assert "|  | LoRA | target only | 3 | 0.0470 ± 0.0000 |" in md
     assert "**0.0350" in to_markdown(tables[0])
+
+
+def test_each_domain_s_main_table_matches_every_level_on_that_domain_s_own_fronts():
+    # ATLAS's two points reach both levels: the first has the lower math KL, the second the lower mean and commonsense.
+    recs = []
+    for s in range(3):
+        recs.append(record("atlas", s, 0.4, {"math": 0.01, "commonsense": 0.3}, steps=100))
+        recs.append(record("atlas", s, 0.4, {"math": 0.05, "commonsense": 0.1}, steps=300))
+        recs.append(record("lora", s, 0.4, {"math": 0.02, "commonsense": 0.2}))
+    a = analyze(table_of(recs), ["0.3", "0.35"])
+    tables = {t.name: t for t in all_tables(a)}
+    assert [t.name for t in all_tables(a)][:4] == ["main", "main_pooled", "main_math", "main_commonsense"]
+    math_md, cs_md = to_markdown(tables["main_math"]), to_markdown(tables["main_commonsense"])
+    assert "| micro | ATLAS | retained activations | 3 | **0.0100 ± 0.0000** | **0.0100 ± 0.0000** |" in math_md
+    assert "|  | LoRA | target only | 3 | 0.0200 ± 0.0000 | 0.0200 ± 0.0000 |" in math_md
+    assert "| micro | ATLAS | retained activations | 3 | **0.100 ± 0.000** | **0.100 ± 0.000** |" in cs_md
+    assert "| micro | ATLAS | retained activations | 3 | **0.0750 ± 0.0000** |" in to_markdown(tables["main"])
+    # The primary level's rows are the per-domain table's, and every level is there.
+    lv = a.domain_levels
+    primary = lv[lv["level_spec"] == a.primary_level.spec].reset_index(drop=True)
+    assert primary.equals(a.domain_matched) and sorted(set(lv["level_spec"])) == ["0.3", "0.35"]

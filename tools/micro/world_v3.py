@@ -351,8 +351,8 @@ def format_report(report: dict) -> str:
 def floors(data_dir: Path, backbone: Path = REPO / "assets" / "micro" / "backbone") -> dict:
     """The shipped backbone on every evaluated v3 split: math exact match and choice accuracy per near/far split,
     code pass@1 on the code dev (v2's) and v3 test splits (greedy, checked in the sandbox)."""
+    # here, not at the top: generating the splits needs neither a model nor the sandbox
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from tools.micro import quick_eval as Q
 
     tok = AutoTokenizer.from_pretrained(str(backbone))
