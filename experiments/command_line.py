@@ -41,8 +41,8 @@ class CommandLineError(ConfigError):
     """An override of the command line that Hydra would refuse, in one line."""
 
 
-def _loader(config_dir: str | None):
-
+def config_loader(config_dir: str | None = None) -> ConfigLoaderImpl:
+    """Hydra's config loader on `run.py`'s search path: `conf/`, with `--config-dir` (`config_dir`) first."""
     search_path = create_automatic_config_search_path(str(REPO / "run.py"), None, "conf")
     if config_dir is not None:
         path = os.path.abspath(config_dir)
@@ -145,7 +145,7 @@ def check(argv: Sequence[str]) -> None:
         raise CommandLineError(f"{' with '.join(commands)} is not allowed: one of --run, --multirun (-m), --cfg, --info")
     config_name = args.config_name or "config"
     overrides = list(args.overrides)
-    loader = _loader(args.config_dir)
+    loader = config_loader(args.config_dir)
     if not args.multirun:
 
         try:
@@ -158,6 +158,19 @@ def check(argv: Sequence[str]) -> None:
         _compose(loader, config_name, overrides, RunMode.RUN)
         return
 
+    _multirun_jobs(loader, config_name, overrides)
+
+
+def multirun_jobs(overrides: Sequence[str], config_dir: str | None = None, config_name: str = "config") -> list[list[str]]:
+    """The per-job override lists of `python run.py -m OVERRIDES`, in the order Hydra's basic sweeper launches them:
+    the `hydra.sweeper.params` the composed config sets (a preset's) before the command line's, their product split
+    into jobs. Raises CommandLineError (one line) where Hydra would refuse the overrides."""
+    return _multirun_jobs(config_loader(config_dir), config_name, list(overrides))
+
+
+def _multirun_jobs(loader, config_name: str, overrides: list[str]) -> list[list[str]]:
+    """`multirun_jobs` with a given loader: the jobs, after checking that the first composes and that every swept
+    config group's values are options of the group."""
     _compose(loader, config_name, overrides, RunMode.MULTIRUN)
     cfg = loader.load_configuration(config_name, overrides, RunMode.MULTIRUN)
     params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
@@ -166,9 +179,10 @@ def check(argv: Sequence[str]) -> None:
         jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except (HydraException, OverrideParseException, ValueError) as exc:
         raise CommandLineError(_reworded(exc, [*params, *overrides], loader, config_name)) from None
+    jobs = [list(job) for job in jobs]
     if not jobs:
-        return
-    first = list(jobs[0])
+        return jobs
+    first = jobs[0]
     _compose(loader, config_name, first, RunMode.RUN)
     # The other jobs differ from the first in their values: a swept config group's options must exist (a plain
     # value's key exists, as the first job composed; its value is validated with the rest of the run's config).
@@ -181,6 +195,7 @@ def check(argv: Sequence[str]) -> None:
             name = value.split("=", 1)[1] if "=" in value else value
             if name not in options:
                 raise CommandLineError(f"{value} is not allowed: {_options_line(name, options, f'options in conf/{key}/')}")
+    return jobs
 
 
 def _group_options(loader, key: str) -> list[str]:
