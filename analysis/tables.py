@@ -14,6 +14,7 @@
 - domains:   each retained domain's KL at the primary level (each domain matched on its own KL)
 - answers:   answer-level stability of the primary-level choice (rewritten answers, flipped choices)
 - costs:     trainable parameters, stored bytes, train seconds, decode tokens/s
+- dev_candidates: every dev candidate per method and whether the test records hold it (only with dev records)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Optional
 import pandas as pd
 
 from analysis import methods as M
-from analysis import pareto
+from analysis import pareto, schema
 from analysis.analyze import Analysis, summary_of
 from analysis.matched import Level
 from analysis.render import DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p
@@ -503,6 +504,49 @@ def costs_table(a: Analysis) -> Table:
     return table
 
 
+def dev_candidates_table(a: Analysis) -> Table:
+    """Every dev candidate (scale-1 sweep point of a `@dev` benchmark) per method: its knobs, seeds, dev pass@1 and
+    retained KL (mean and standard deviation over seeds; `analysis.tune.candidates_frame`), and whether the report's
+    test records hold the same point (the choice made from it). Absent (left out of the report) without dev records."""
+    from analysis.tune import candidates_frame  # here: tune reads records and configs the other tables never need
+
+    table = Table("dev_candidates", "Dev candidates per method and the points run on test", group_header="Backbone")
+    table.columns = ["Method", "Knobs", "Seeds", "Dev pass@1", "Dev retained KL", "On test"]
+    table.align = ["l", "l", "l", "r", "r", "l"]
+    runs = a.runs
+    dev = sorted({(bb, b) for bb, b in zip(runs["backbone"], runs["benchmark"]) if str(b).endswith("@dev")}) \
+        if len(runs) else []
+    if not dev:
+        table.absent = "No dev records among the collected records."
+        return table
+    frame = candidates_frame(runs, {g: [] for g in dev}, {})
+    test = runs[runs[schema.SCALE_COL] == 1.0]
+    for _, r in frame.iterrows():
+        bench = str(r["benchmark"]).removesuffix("@dev")
+        on_test = test[(test["backbone"] == r["backbone"]) & (test["benchmark"] == bench) & (test["method"] == r["method"])]
+        used = any(_knob_match(row, r["method"], r["knobs"]) for _, row in on_test.iterrows())
+
+        def mean_sd(col: str) -> str:
+            sd = _f(r[f"{col}_sd"])
+            return fmt_num(_f(r[col])) + (f" ± {fmt_num(sd)}" if sd is not None else "")
+
+        table.rows.append([Cell(M.label(r["method"])), Cell(r["knobs"] or DASH), Cell(r["seeds"]),
+                           Cell(mean_sd("pass@1")), Cell(mean_sd("kl")), Cell("yes" if used else "")])
+        table.groups.append(group_label(r["backbone"], r["benchmark"]))
+    table.notes = ["Every scale-1 point of the dev records, as `python -m analysis tune` reads them; ± is the standard "
+                   "deviation over seeds. On test: the report's test records hold the same method and knob values."]
+    return table
+
+
+def _knob_match(row: pd.Series, method: str, text: str) -> bool:
+    """Whether a run row has the knob values of a candidate's knob text (`analysis.tune.knob_text`); the base's empty
+    text matches any base run."""
+    from analysis.tune import _default, _plain, knob_text  # as in dev_candidates_table
+
+    names = [part.partition("=")[0] for part in str(text).split(", ") if part]
+    return knob_text(tuple((n, _plain(row.get(schema.KNOB_PREFIX + n), _default(method, n))) for n in names)) == text
+
+
 #: The main table read with each other retained KL of records with far items (name, title, what a cell is).
 NEAR_FAR_TABLES = (
     (pareto.NEAR_KL_COL, "main_near", "Retained KL on near items at matched coding requirement",
@@ -531,9 +575,10 @@ def near_far_tables(a: Analysis) -> list[Table]:
 
 
 BUILDERS = (main_table, main_pooled_table, near_far_tables, main_domain_tables, paired_table, items_table,
-            dominance_table, ablation_table, backbones_table, domains_table, answers_table, costs_table)
+            dominance_table, ablation_table, backbones_table, domains_table, answers_table, costs_table,
+            dev_candidates_table)
 #: Tables the report leaves out, instead of writing their absence, when they have nothing to show (`Report.absent`).
-OPTIONAL = ("paired_items",)
+OPTIONAL = ("paired_items", "dev_candidates")
 
 
 def all_tables(a: Analysis) -> list[Table]:

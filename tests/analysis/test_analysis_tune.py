@@ -328,3 +328,19 @@ def test_the_candidates_table_lists_every_dev_candidate_with_its_seeds_and_what_
     lora = frame[frame["method"] == "lora"].set_index("knobs")
     assert lora.loc["train.steps=600", "chosen"] == "reference" and lora.loc["train.steps=600", "edge"] == ""
     assert frame.iloc[0]["chosen"] == "base" and frame.iloc[0]["pass@1_per_seed"] == "0.0000; 0.0000"
+
+
+def test_report_lists_every_dev_candidate_and_marks_the_points_run_on_test():
+    from analysis.analyze import analyze
+    from analysis.tables import dev_candidates_table
+
+    chosen_on_test = [r for r in dev_records(split="test") if r["method"] == "base"
+                      or (r["method"] == "lora" and r["config"]["train"]["steps"] == 600)
+                      or r["knobs"].get("ewc_lambda") == 10.0]
+    t = dev_candidates_table(analyze(table(dev_records() + chosen_on_test), reference="lora:train.steps=600"))
+    assert t.absent is None
+    rows = {(c[0].text, c[1].text): c[5].text for c in t.rows}
+    assert len(rows) == len(t.rows) == 1 + 4 * 3  # the base and every grid point of the three methods, once each
+    assert {k for k, used in rows.items() if used == "yes"} == {("Base model", "—"), ("LoRA", "train.steps=600"),
+                                                               ("EWC", "ewc_lambda=10.0")}
+    assert dev_candidates_table(analyze(table(chosen_on_test), reference="lora:train.steps=600")).absent
