@@ -41,8 +41,19 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     assert rec["status"] == "complete" and rec["method"] == "lora" and rec["seed"] == 0
     assert rec["train"]["steps"] == 6 and len(rec["train"]["losses"]) == 6
     assert rec["cost"]["trainable_params"] > 0 and rec["cost"]["stored_bytes"] > 0
-    assert set(rec["metrics"]["retained_near"]) == {"math", "commonsense"}
-    assert "retained_kl_mean" in rec["metrics"] and "pass@1" in rec["metrics"]["target"]
+    m = rec["metrics"]
+    assert set(m["retained_near"]) == set(m["retained_far"]) == {"math", "commonsense"}  # micro_v3 has far items
+    assert [e["n"] for e in m["retained_far"].values()] == [4, 4]
+    near, far = ([e["kl_token_mean"] for e in m[k].values()] for k in ("retained_near", "retained_far"))
+    assert m["retained_kl_mean"] == pytest.approx((sum(near) / 2 + sum(far) / 2) / 2, rel=1e-12)
+    for entry in (*m["retained_near"].values(), *m["retained_far"].values()):
+        items = entry["per_item"]
+        assert len(items["kl_sum"]) == entry["n"] and sum(items["n_tokens"]) == entry["n_tokens"]
+        assert sum(items["kl_sum"]) / entry["n_tokens"] == pytest.approx(entry["kl_token_mean"], rel=1e-9)
+    problems = m["target"]["per_problem"]
+    assert len(problems["task_ids"]) == m["target"]["n_problems"]
+    assert sum(problems["passed"]) / len(problems["passed"]) == m["target"]["pass@1"]
+    assert "pass@1" in m["target"]
     prov = rec["provenance"]
     assert len(prov["git_sha"]) == 40 and isinstance(prov["git_dirty"], bool) and prov["packages"]["torch"]
     assert prov["machine"]["cpu"] and prov["machine"]["cpu_capability"]  # e.g. "AMD EPYC", "AVX512"

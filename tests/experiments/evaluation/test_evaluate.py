@@ -215,3 +215,12 @@ def test_config_is_a_structured_config_and_cache_dir_resolves(monkeypatch, tmp_p
     assert resolve_cache_dir(str(tmp_path / "x")) == tmp_path / "x"
     monkeypatch.delenv(CACHE_ENV)
     assert str(resolve_cache_dir(None)).endswith(".cache/atlas-suite/reference")
+
+
+def test_headline_kl_weighs_near_and_far_and_each_domain_equally():
+    from experiments.evaluation.evaluate import headline_kl
+
+    near = {"math": {"kl_token_mean": 0.1}, "commonsense": {"kl_token_mean": 0.3}}
+    far = {"math": {"kl_token_mean": 0.5}, "commonsense": {"kl_token_mean": 0.1}}
+    assert headline_kl(near, far) == pytest.approx((0.2 + 0.3) / 2)
+    assert headline_kl(near, {}) == pytest.approx(0.2)  # no far items: the near mean, as every earlier record
