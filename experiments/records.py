@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
+from experiments import scale_refinement
 from suite_schema.layout import (
     RECORD_NAME,
     SCALES_DIR,
@@ -169,16 +170,16 @@ REFINEMENT_KEY = "scale_refinement"
 def is_complete(run_dir: Path, run_id: str, scales: Any = (), refinement: Optional[dict] = None) -> bool:
     """True when `run_dir` holds a complete record for exactly this run id, and one for every
     post-hoc scale in `scales` (1.0 is the run's own record). With `refinement` (the settings of a scale refinement,
-    `experiments.scale_refinement.settings`), also when the run's record names a refinement run with exactly these
-    settings and every scale it added has its complete record: the refined scales are decided while the run is
-    evaluated, so the run's own record, written last, lists them."""
+    `experiments.scale_refinement.settings`), also when the run's record names a refinement that added every scale
+    one with these settings would (`scale_refinement.covers`) and every scale it added has its complete record: the
+    refined scales are decided while the run is evaluated, so the run's own record, written last, lists them."""
     record = read_record(run_dir)
     if not (record and record.get("status") == STATUS_COMPLETE and record.get("run_id") == run_id):
         return False
     if refinement:
         done = part(record, REFINEMENT_KEY)
         added = done.get("added")
-        if ({key: done.get(key) for key in refinement} != refinement or not isinstance(added, list)
+        if (not scale_refinement.covers(done, refinement) or not isinstance(added, list)
                 or not all(is_number(a) for a in added)):
             return False
         scales = [*(scales or ()), *added]

@@ -92,6 +92,21 @@ def refine(measured: Mapping[float, float], measure: Callable[[float], Optional[
     return Refinement(added, stopped, widest)
 
 
+def covers(done: Mapping, wanted: Mapping) -> bool:
+    """Whether a refinement that ran with the settings in `done` and ended as `done` says (`stopped`) evaluated every
+    scale a refinement with the settings `wanted` would (`settings`). Which interval is halved next does not depend on
+    the stopping rule, so `wanted`'s scales are the first of `done`'s when it has the same minimum width, a `max_gap`
+    not smaller, and a budget not larger or `done` stopped before spending its own."""
+    if done.get("stopped") not in (STOP_GAP, STOP_EVALS, STOP_WIDTH):
+        return False
+    try:
+        rule = done["min_width"] == wanted["min_width"] and wanted["max_gap"] >= done["max_gap"]
+        budget = wanted["max_evals"] <= done["max_evals"] or done["stopped"] != STOP_EVALS
+    except (KeyError, TypeError):  # a record written by other code may hold anything
+        return False
+    return bool(rule and budget)
+
+
 def settings(max_gap: float, max_evals: int) -> dict:
     """The settings a run's record names its refinement by (and completeness compares): max_gap, max_evals and the
     minimum width in alpha."""

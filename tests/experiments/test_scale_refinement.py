@@ -149,18 +149,31 @@ def test_completeness_checks_the_scales_the_run_s_record_says_refinement_added(t
     run_id, settings = "r1", R.settings(0.05, 4)
     for alpha in (0.5, 0.625):
         _write(layout.scale_dir(tmp_path, alpha), layout.scale_run_id(run_id, alpha))
-    _write(tmp_path, run_id, scale_refinement={**settings, "added": [0.625], "stopped": R.STOP_GAP,
-                                               "widest_gap": 0.04})
+
+    def ran(stopped, **changed):
+        _write(tmp_path, run_id, scale_refinement={**settings, **changed, "added": [0.625], "stopped": stopped,
+                                                   "widest_gap": 0.04})
+
+    ran(R.STOP_GAP)
     assert records.is_complete(tmp_path, run_id, [0.5], settings)
     assert records.is_complete(tmp_path, run_id, [0.5])  # without refinement asked for, the extra record is extra
-    assert not records.is_complete(tmp_path, run_id, [0.5], R.settings(0.05, 6))  # other settings: refine again
-    assert not records.is_complete(tmp_path, run_id, [0.5], R.settings(0.03, 4))
+    # It stopped with every gap <= 0.05 after one scale: any budget, and any looser max_gap, gives that scale or none.
+    assert records.is_complete(tmp_path, run_id, [0.5], R.settings(0.05, 12))
+    assert records.is_complete(tmp_path, run_id, [0.5], R.settings(0.1, 1))
+    assert not records.is_complete(tmp_path, run_id, [0.5], R.settings(0.03, 4))  # stricter: may halve more
+    assert not records.is_complete(tmp_path, run_id, [0.5], {**settings, "min_width": 1 / 128})
+    ran(R.STOP_EVALS, max_evals=1)  # its budget spent: a larger one may go on, a smaller one is a first part
+    assert not records.is_complete(tmp_path, run_id, [0.5], R.settings(0.05, 2))
+    assert records.is_complete(tmp_path, run_id, [0.5], R.settings(0.05, 1))
+    ran(R.STOP_GAP)
     (layout.scale_dir(tmp_path, 0.625) / layout.RECORD_NAME).unlink()  # a refined scale's record is gone
     assert not records.is_complete(tmp_path, run_id, [0.5], settings)
     _write(tmp_path, run_id)  # a run's record made without refinement
     assert records.is_complete(tmp_path, run_id, [0.5]) and not records.is_complete(tmp_path, run_id, [0.5], settings)
-    _write(tmp_path, run_id, scale_refinement={**settings, "added": ["0.625"]})  # not a record the suite writes
-    assert not records.is_complete(tmp_path, run_id, [0.5], settings)
+    for odd in ({**settings, "added": ["0.625"], "stopped": R.STOP_GAP}, {**settings, "added": []},
+                {**settings, "max_gap": "0.05", "added": [], "stopped": R.STOP_GAP}):  # not records the suite writes
+        _write(tmp_path, run_id, scale_refinement=odd)
+        assert not records.is_complete(tmp_path, run_id, [0.5], settings), odd
 
 
 # -- the job, in process, on the tiny backbone: training and the method's scaling are real; the evaluation is replaced
@@ -229,6 +242,9 @@ def test_the_job_evaluates_refined_scales_marks_their_records_and_a_rerun_finds_
     calls.clear()
     again, _ = run(*fixed, "eval.refine_scales={max_gap:0.05,max_evals:3}")
     assert calls == [] and again == record
+    # A smaller budget or a looser max_gap asks for the first of these scales: complete.
+    for looser in ("{max_gap:0.05,max_evals:2}", "{max_gap:0.3,max_evals:3}"):
+        assert run(*fixed, f"eval.refine_scales={looser}")[0] == record and calls == []
     # A larger budget: the run's own record is evaluated again, the first 3 refined scales are read back, 2 more added.
     more, cfg5 = run(*fixed, "eval.refine_scales={max_gap:0.05,max_evals:5}")
     # (0.375: [0.25, 0.5], 0.4 apart; then 0.4375: [0.375, 0.5], 0.25 apart as [0.5, 0.625] and [0.625, 0.75]: the
