@@ -167,7 +167,8 @@ def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list
              reference: MT.Reference) -> pd.DataFrame:
     """Per seed: the answer-level metrics of the sweep point the matched requirement picks at `level`
     (least mean KL among points meeting it, without interpolation: the values come from real runs)."""
-    chosen = MT.per_seed_matched(runs, [level], schema.KL_MEAN_COL, False, trained, reference)
+    chosen = MT.per_seed_matched(runs, [level], schema.KL_MEAN_COL, False, trained, reference).drop(
+        columns=["bracket_gap"])  # measured points only: nothing is read between two
     if not cols:
         return chosen
     vals = runs.groupby(["sweep_key", "seed"], sort=True)[cols].mean().reset_index()

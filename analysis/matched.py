@@ -29,7 +29,7 @@ import pandas as pd
 
 from analysis import methods as M
 from analysis import schema
-from analysis.pareto import TOL, envelope_value, per_seed, run_fronts
+from analysis.pareto import TOL, envelope_gap, envelope_value, per_seed, run_fronts
 from analysis.stats import bootstrap_interval, holm, paired, summarize
 
 DEFAULT_LEVELS = ("gain:0.5", "gain:0.75", "gain:0.9")
@@ -193,13 +193,15 @@ def threshold(level: Level, df: pd.DataFrame, backbone: str, benchmark: str,
 class SeedReading:
     """One seed's reading at a requirement: whether a point meets it, the KL there (NaN when not reached), the
     chosen measured point (its pass@1 and sweep key; with interpolation the least-KL point meeting the level) and
-    whether the KL was interpolated."""
+    whether the KL was interpolated, and across which pass@1 gap (`bracket_gap`: between the two measured points of
+    a run's curve it was read between, `pareto.envelope_gap`; NaN for a measured point's KL)."""
 
     reached: bool
     kl: float
     pass1: float
     sweep_key: Optional[str]
     interpolated: bool
+    bracket_gap: float = float("nan")
 
 
 def read_seed(xs: Sequence[float], ys: Sequence[float], keys: Sequence[str], train_keys: Sequence, c: float,
@@ -215,8 +217,9 @@ def read_seed(xs: Sequence[float], ys: Sequence[float], keys: Sequence[str], tra
     if not interpolate:
         return SeedReading(True, ys[best], xs[best], keys[best], False)
     # `best` meets c, so its run reaches c and the value exists
-    value = envelope_value(run_fronts(xs, ys, list(train_keys)) if fronts is None else fronts, c)
-    return SeedReading(True, value, xs[best], keys[best], value != ys[best])
+    fronts = run_fronts(xs, ys, list(train_keys)) if fronts is None else fronts
+    value, gap = envelope_value(fronts, c), envelope_gap(fronts, c)
+    return SeedReading(True, value, xs[best], keys[best], value != ys[best], float("nan") if gap is None else gap)
 
 
 def per_seed_matched(
@@ -229,10 +232,12 @@ def per_seed_matched(
 ) -> pd.DataFrame:
     """One row per (backbone, benchmark, level, method, seed): `reached`, `kl` (NaN when not reached),
     and the chosen sweep point (`sweep_key`, its `pass@1`; with interpolation the nearest frontier point
-    at or above the level). Seeds are those the method ran on that backbone and benchmark.
+    at or above the level). Seeds are those the method ran on that backbone and benchmark. `bracket_gap`: with
+    interpolation, the pass@1 gap between the two measured points of a run's curve the KL was read between
+    (`pareto.envelope_gap`); NaN where it is a measured point's KL or the level is not reached.
     """
     cols = ["backbone", "benchmark", "level", "level_spec", "threshold", "method", "seed", "reached", "kl",
-            "pass@1", "sweep_key", "interpolated"]
+            "pass@1", "sweep_key", "interpolated", "bracket_gap"]
     seeds_tab = per_seed(df, [schema.TARGET_COL, y_col])
     rows = []
     for (bb, bench), g in seeds_tab.groupby(["backbone", "benchmark"], sort=True):
@@ -248,8 +253,31 @@ def per_seed_matched(
                     rows.append({"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
                                  "threshold": c, "method": method, "seed": int(seed), "reached": r.reached,
                                  "kl": r.kl, "pass@1": r.pass1, "sweep_key": r.sweep_key,
-                                 "interpolated": r.interpolated})
+                                 "interpolated": r.interpolated, "bracket_gap": r.bracket_gap})
     return pd.DataFrame(rows, columns=cols)
+
+
+WIDEST_COLS = ["backbone", "benchmark", "n_bracketed", "widest_gap", "method", "level", "level_spec", "seed"]
+
+
+def widest_gaps(per_seed_df: pd.DataFrame, methods: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """Per backbone and benchmark, over the rows of `per_seed_matched` (of `methods`, default all): `n_bracketed`, how
+    many per-seed values were read between two measured points, and `widest_gap`, the widest pass@1 gap (share of
+    problems) between such points, with the method, level and seed it belongs to (the first in the frame's order on a
+    tie). Groups without such a value have n_bracketed 0 and NaN and None for the rest."""
+    rows = []
+    if methods is not None:
+        per_seed_df = per_seed_df[per_seed_df["method"].isin(list(methods))]
+    for (bb, bench), g in per_seed_df.groupby(["backbone", "benchmark"], sort=True):
+        read = g[g["bracket_gap"].notna()]
+        row = {"backbone": bb, "benchmark": bench, "n_bracketed": len(read), "widest_gap": float("nan"),
+               "method": None, "level": None, "level_spec": None, "seed": None}
+        if len(read):
+            top = read.loc[read["bracket_gap"].idxmax()]
+            row |= {"widest_gap": float(top["bracket_gap"]), "method": top["method"], "level": top["level"],
+                    "level_spec": top["level_spec"], "seed": int(top["seed"])}
+        rows.append(row)
+    return pd.DataFrame(rows, columns=WIDEST_COLS)
 
 
 SUMMARY_COLS = ["backbone", "benchmark", "level", "level_spec", "threshold", "method", "n_seeds", "n_reached",

@@ -156,6 +156,36 @@ def envelope_value(fronts: Sequence[Sequence[tuple[float, float]]], c: float) ->
     return min(values) if values else None
 
 
+def front_bracket(front: Sequence[tuple[float, float]], c: float) -> Optional[tuple[float, float]]:
+    """The pass@1 (x) of the two adjacent points of one run's curve that `front_value` reads linearly between at
+    x = c; None where it reads a measured point (c at a point, or below the curve's least x) or the run does not
+    reach c."""
+    if not front or front[-1][0] < c - TOL or c <= front[0][0] + TOL:
+        return None
+    for (x0, _), (x1, _) in zip(front, front[1:]):
+        if x0 < c <= x1 + TOL:
+            return None if x1 <= c else (x0, x1)
+    return None
+
+
+def envelope_gap(fronts: Sequence[Sequence[tuple[float, float]]], c: float) -> Optional[float]:
+    """The pass@1 gap (share of problems) between the two measured points the frontier's KL at pass@1 = c is read
+    between: that of the run whose curve gives `envelope_value` (of runs giving it, one read at a measured point
+    first, then the narrowest gap); None where the value is a measured point's or no run reaches c."""
+    value = envelope_value(fronts, c)
+    if value is None:
+        return None
+    gaps = []
+    for front in fronts:
+        v = front_value(front, c)
+        if v is not None and v <= value + TOL:
+            bracket = front_bracket(front, c)
+            if bracket is None:
+                return None
+            gaps.append(bracket[1] - bracket[0])
+    return min(gaps)
+
+
 def envelope_line(fronts: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
     """The frontier as a polyline (x, y), x ascending, exact: the envelope evaluated at every point of the curves,
     at every crossing of two curves' pieces and on both sides of every curve's end (where the envelope steps up

@@ -59,7 +59,8 @@ DATA_TEXT = {
     "skipped.csv": "runs left out, with the reason",
     "thresholds.csv": "the absolute pass@1 requirement of every level on every backbone",
     "pareto_points.csv": "sweep points per domain: seeds, mean and 95% interval of pass@1 and KL, on_frontier",
-    "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point",
+    "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point, the pass@1 gap of the two "
+                            "measured points the KL was read between (bracket_gap)",
     "matched_summary.csv": "per level and method: seeds reaching, mean, std, 95% t and bootstrap intervals",
     "paired.csv": "ATLAS against each method per level: pairs, mean difference, t and bootstrap intervals, t, p, sign test, "
                   "Holm-corrected p (p_t_holm, p_sign_holm)",
@@ -208,6 +209,7 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
                  + ("; KL interpolated along each training run's scale curve, the least over a method's runs, per seed."
                     if a.interpolate else "; no interpolation."))
     lines.append("")
+    lines += _gap_lines(a)
     if any(lv.kind == "gain" for lv in a.levels):
         lines.append(f"Gain levels are shares of the coding gain of the reference point `{a.reference.spec}` "
                      f"({a.reference.label}, scale 1, mean over its seeds) over the base model's mean pass@1; "
@@ -247,6 +249,26 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
         lines.append("None.")
     lines.append("")
     return "\n".join(lines)
+
+
+def _gap_lines(a: Analysis) -> list[str]:
+    """With interpolation, per backbone and benchmark: the widest pass@1 gap between the two measured points any
+    per-seed matched value (KL averaged over domains, every trained method, every level) was read between."""
+    if not a.interpolate or a.matched_seed.empty:
+        return []
+    lines = []
+    for _, r in MT.widest_gaps(a.matched_seed).iterrows():
+        where = group_label(r["backbone"], r["benchmark"])
+        if not r["n_bracketed"]:
+            lines.append(f"Widest pass@1 gap interpolated across on {_md(where)}: none (every matched value is a "
+                         "measured point's KL).")
+        else:
+            lines.append(f"Widest pass@1 gap interpolated across on {_md(where)}: "
+                         f"{render.fmt_num(float(r['widest_gap']))} ({_md(M.label(r['method']))}, {_md(r['level'])}, "
+                         f"seed {int(r['seed'])}), among {int(r['n_bracketed'])} per-seed matched values read between "
+                         "two measured points of a run's scale curve (each one's gap: `bracket_gap` in "
+                         "data/matched_per_seed.csv).")
+    return lines + [""]
 
 
 def _is_report(folder: Path) -> bool:

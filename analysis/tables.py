@@ -27,7 +27,7 @@ import pandas as pd
 from analysis import methods as M
 from analysis import pareto, schema
 from analysis.analyze import Analysis, summary_of
-from analysis.matched import Level
+from analysis.matched import Level, widest_gaps
 from analysis.render import DASH, Cell, Table, fmt_bytes, fmt_ci, fmt_count, fmt_interval, fmt_num, fmt_p
 
 NOT_REACHED = "not reached"
@@ -88,13 +88,32 @@ def _kl_note(a: Analysis, what: str = "retained KL (token mean, averaged over re
             "mean over those, not bold. Bold: lowest among methods reaching the level on every seed.")
 
 
+def gap_notes(a: Analysis, seeds: pd.DataFrame, methods: list[str], data_file: str) -> list[str]:
+    """Per backbone and benchmark, how many of the methods' per-seed values were read between two measured points and
+    the widest pass@1 gap they bridge (`analysis.matched.widest_gaps`); nothing without interpolation."""
+    if not a.interpolate or seeds.empty:
+        return []
+    notes = []
+    for _, r in widest_gaps(seeds, methods).iterrows():
+        where = group_label(r["backbone"], r["benchmark"])
+        if not r["n_bracketed"]:
+            notes.append(f"Interpolation on {where}: no per-seed value lies between two measured points.")
+            continue
+        notes.append(f"Interpolation on {where}: {int(r['n_bracketed'])} per-seed values lie between two measured "
+                     f"points of a run's scale curve, at most {fmt_num(float(r['widest_gap']))} pass@1 apart "
+                     f"({M.label(r['method'])}, {r['level']}, seed {int(r['seed'])}); each value's gap: "
+                     f"`bracket_gap` in {data_file}.")
+    return notes
+
+
 def _level_header(lv: Level) -> str:
     return lv.label.replace(">=", "≥")
 
 
 def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool,
                   data_column: bool = False, summ: Optional[pd.DataFrame] = None,
-                  what: str = "retained KL (token mean, averaged over retained domains)") -> Table:
+                  what: str = "retained KL (token mean, averaged over retained domains)",
+                  seeds: Optional[pd.DataFrame] = None, data_file: str = "data/matched_per_seed.csv") -> Table:
     table = Table(name, title, group_header="Backbone")
     levels = a.levels
     first = 3 if data_column else 2  # the first level's column
@@ -102,9 +121,11 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
     if extra_primary_diff:
         table.columns.append(f"Δ vs ATLAS ({_level_header(a.primary_level)})")
     summ = a.matched if summ is None else summ
+    shown = []
     for bb, bench in a.groups:
         present = summ[(summ["backbone"] == bb) & (summ["benchmark"] == bench)]
         names = names_of(present["method"].unique())
+        shown += names
         for method in names:
             rows_m = present[present["method"] == method]
             n_seeds = int(rows_m["n_seeds"].max()) if len(rows_m) else 0
@@ -122,6 +143,7 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
         table.absent = absent
         return table
     table.notes = [_kl_note(a, what)] + _level_notes(a, levels)
+    table.notes += gap_notes(a, a.matched_seed if seeds is None else seeds, list(dict.fromkeys(shown)), data_file)
     if data_column:
         table.notes.append("Data: what a method reads besides the target data (target only; the base's activations on "
                            "retained calibration prompts; the retained prompts with the base's responses or log-probs; "
@@ -159,7 +181,8 @@ def main_pooled_table(a: Analysis) -> Table:
     t = _matched_rows(
         a, M.main_methods, "Retained KL pooled over tokens at matched coding requirement: ATLAS and baselines",
         "main_pooled", "No complete runs of ATLAS or of a baseline whose records carry every retained domain's "
-        "n_tokens.", False, data_column=True, summ=a.pooled, what=POOLED_WHAT)
+        "n_tokens.", False, data_column=True, summ=a.pooled, what=POOLED_WHAT, seeds=a.pooled_seed,
+        data_file="data/matched_pooled_per_seed.csv")
     if t.absent is None:
         t.notes.insert(1, "The main table weighs each retained domain equally (the mean of the domains' token means); "
                           "here a domain weighs by its scored tokens. Runs whose records lack a domain's n_tokens are "

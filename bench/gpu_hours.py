@@ -7,7 +7,7 @@ weights about 2N, recomputation under gradient checkpointing 2N) for N parameter
 published `shapes`) and T = steps x 32 sequences x MEAN_TOKENS tokens, at SUSTAINED_FLOPS.
 Evaluation is bounded by batched greedy decoding: ceil(n / 32) x max_new_tokens steps per suite, at
 DECODE_S_PER_STEP_8B seconds a step for an 8.2B model, scaled with N, once per post-hoc scale the preset
-evaluates (`eval.scales`). Each run adds OVERHEAD_H for loading and the method's statistics; a base run only
+evaluates (`eval.scales`, and at most `eval.refine_scales.max_evals` refined ones). Each run adds OVERHEAD_H for loading and the method's statistics; a base run only
 evaluates.
 """
 
@@ -67,9 +67,13 @@ REUSES = {"paper_main": "paper_tune"}
 
 
 def evaluations_per_run(preset: str) -> int:
-    """Evaluations of each trained run of a preset: one per post-hoc scale of its composed `eval.scales`."""
+    """Evaluations of each trained run of a preset, at most: one per post-hoc scale of its composed `eval.scales`,
+    plus the `eval.refine_scales.max_evals` refined scales where there are scales besides 1 to refine between."""
     with initialize_config_dir(config_dir=str(registry.CONF), version_base="1.3"):
-        return len(compose("config", overrides=[f"+experiment={preset}"]).eval.scales)
+        ev = compose("config", overrides=[f"+experiment={preset}"]).eval
+    refine = ev.refine_scales
+    refined = refine.max_evals if refine is not None and any(float(a) != 1.0 for a in ev.scales) else 0
+    return len(ev.scales) + refined
 
 
 def paper_eval() -> dict:

@@ -21,7 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import read_ledger, records, rerun, reuse, run_lock
+from experiments import read_ledger, records, rerun, reuse, run_lock, scale_refinement
 from experiments.backbones import (
     BackboneError,
     backbone_key,
@@ -41,7 +41,14 @@ from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.logger import make_logger
-from experiments.methods import Method, MethodConfigError, RunContext, build_method, required_scales
+from experiments.methods import (
+    Method,
+    MethodConfigError,
+    RunContext,
+    build_method,
+    required_refinement,
+    required_scales,
+)
 from experiments.prompts import apply_template, boundary_agrees, code_instruction_prompt, code_instruction_response
 from experiments.run_dir import check_run_dir
 from experiments.train import TrainResult, seed_everything, train
@@ -114,8 +121,8 @@ def run(cfg: DictConfig) -> dict:
     resolved = OmegaConf.to_container(typed, resolve=True)
     run_id = run_identity.run_id_of(resolved)
     run_dir = resolve_run_dir(typed, run_id)
-    scales = required_scales(typed)
-    if records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
+    scales, refinement = required_scales(typed), required_refinement(typed)
+    if records.is_complete(run_dir, run_id, scales, refinement) and not rerun.requested(typed.rerun_before, run_dir):
         return _skipped(run_id, run_dir)
 
     method: Method = build_method(typed.method)
@@ -128,7 +135,7 @@ def run(cfg: DictConfig) -> dict:
             kept = rerun.supersede(run_dir)
             log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
                      run_id, reason, typed.rerun_before, kept)
-        elif records.is_complete(run_dir, run_id, scales):  # finished by the launch this one waited for
+        elif records.is_complete(run_dir, run_id, scales, refinement):  # finished by the launch this one waited for
             return _skipped(run_id, run_dir)
         return _launch(typed, resolved, run_id, run_dir, method, benchmark)
 
@@ -274,8 +281,8 @@ class Job:
         todo = [a for a in scales if not records.is_complete(layout.scale_dir(self.run_dir, a),
                                                              layout.scale_run_id(self.run_id, a))]
         self.log_test_read([*todo, 1.0])
-        # Each post-hoc scale first, each record written whole; the run's own record (scale 1) last, so a
-        # complete record.json means every requested scale is there too.
+        # Each post-hoc scale first, each record written whole, then the refined ones; the run's own record (scale 1)
+        # last, so a complete record.json means every requested and every refined scale is there too.
         for alpha in scales:
             out, scaled_id = layout.scale_dir(self.run_dir, alpha), layout.scale_run_id(self.run_id, alpha)
             if records.is_complete(out, scaled_id):
@@ -288,10 +295,43 @@ class Job:
             self.logger.summary({f"scale/{layout.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
         if scales:
             method.scale(model, 1.0)
-        record = self.evaluate(model, self.run_dir, {"scale": 1.0} if scales else {}, **costs)
+        record = self.measure(model, self.run_dir, {"scale": 1.0} if scales else {}, **costs)
+        refinement = required_refinement(self.typed) if method.trains else None
+        if refinement:
+            record[records.REFINEMENT_KEY] = self.refine(model, scales, record, refinement, costs)
+            record["provenance"] = records.provenance(self.started)  # its end time: after the refined scales
+            method.scale(model, 1.0)
+        records.atomic_write_json(self.run_dir / layout.RECORD_NAME, record)
         self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
         log.info("%s: complete; record %s", self.run_id, self.run_dir / layout.RECORD_NAME)
         return record
+
+    def refine(self, model: torch.nn.Module, scales: list[float], record: dict, settings: dict, costs: dict) -> dict:
+        """Evaluate the scales `experiments.scale_refinement` adds between the fixed `scales` (and 1, `record`, the
+        run's own record not yet written), each written as a scale record marked `scale_refined`; a scale whose
+        complete record is already there (an earlier launch) is read, not evaluated again. Returns what the run's
+        record says of it: the `settings`, the scales added, why it stopped, the widest pass@1 gap left."""
+        measured = {1.0: _pass_at_1(record)}
+        for alpha in scales:
+            measured[alpha] = _pass_at_1(records.read_record(layout.scale_dir(self.run_dir, alpha)))
+
+        def measure(alpha: float) -> Optional[float]:
+            out, scaled_id = layout.scale_dir(self.run_dir, alpha), layout.scale_run_id(self.run_id, alpha)
+            if records.is_complete(out, scaled_id):
+                log.info("%s: refined scale %s already evaluated", self.run_id, layout.scale_label(alpha))
+                return _pass_at_1(records.read_record(out))
+            log.info("%s: evaluating at refined post-hoc scale %s", self.run_id, layout.scale_label(alpha))
+            self.method.scale(model, alpha)
+            scaled = self.evaluate(model, out, {"run_id": scaled_id, "scale": alpha, "train_run_id": self.run_id,
+                                                "scale_refined": True}, **costs)
+            self.logger.summary({f"scale/{layout.scale_label(alpha)}": {"metrics": scaled["metrics"]}})
+            return _pass_at_1(scaled)
+
+        done = scale_refinement.refine(measured, measure, settings["max_gap"], settings["max_evals"],
+                                       settings["min_width"])
+        log.info("%s: scale refinement added %s (stopped: %s; widest pass@1 gap left %s)", self.run_id,
+                 ", ".join(layout.scale_label(a) for a in done.added) or "no scale", done.stopped, done.widest_gap)
+        return {**settings, "added": done.added, "stopped": done.stopped, "widest_gap": done.widest_gap}
 
     def log_test_read(self, scales: list[float]) -> None:
         """On the test split: append this evaluation's line to `<run_root>/test_reads.jsonl` (`experiments.read_ledger`)
@@ -324,9 +364,16 @@ class Job:
         return get_reference(self.base_model(), self.tokenizer, self.benchmark, self.eval_cfg, self.key,
                              self.typed.backbone.chat_template)
 
-    def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, *, summary: dict, stored_bytes: int,
-                 result: Optional[TrainResult]) -> dict:
+    def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, **costs: Any) -> dict:
         """Evaluate `model` as it is now and write its code samples and complete record into `out_dir`."""
+        record = self.measure(model, out_dir, fields, **costs)
+        records.atomic_write_json(out_dir / layout.RECORD_NAME, record)
+        return record
+
+    def measure(self, model: torch.nn.Module, out_dir: Path, fields: dict, *, summary: dict, stored_bytes: int,
+                result: Optional[TrainResult]) -> dict:
+        """Evaluate `model` as it is now, write its code samples into `out_dir` and return its complete record
+        (not written)."""
         base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
         metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
@@ -360,5 +407,10 @@ class Job:
             **({"diagnostics": self.diagnostics} if self.diagnostics else {}),
             "provenance": records.provenance(self.started),
         }
-        records.atomic_write_json(out_dir / layout.RECORD_NAME, record)
         return record
+
+
+def _pass_at_1(record: Optional[dict]) -> Optional[float]:
+    """pass@1 (share of problems) of a record's target metrics; None where the record has none."""
+    value = records.part(records.part(record, "metrics"), "target").get("pass@1")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -31,7 +31,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from experiments import records, validation
+from experiments import records, scale_refinement, validation
 from experiments.activations import load_or_build_site_tensors
 from experiments.backbones import check_target_modules
 from experiments.tensor_files import load_tensors, save_tensors
@@ -333,6 +333,16 @@ def required_scales(typed: Any) -> list[float]:
     except MethodConfigError:
         trains = True  # build_method reports an unimportable target with its own message
     return records.extra_scales(typed.eval.scales) if trains else []
+
+
+def required_refinement(typed: Any) -> Optional[dict]:
+    """The settings of the scale refinement (`eval.refine_scales`, `experiments.scale_refinement.settings`) a complete
+    run must have run, for `records.is_complete`: None when it is off, or when there are no post-hoc scales to refine
+    between (the method does not train, or `eval.scales` has no scale besides 1)."""
+    refine = typed.eval.refine_scales
+    if refine is None or refine.max_evals == 0 or not required_scales(typed):
+        return None
+    return scale_refinement.settings(refine.max_gap, refine.max_evals)
 
 
 def param_names(cls: type[Method]) -> list[str]:

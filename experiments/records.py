@@ -19,11 +19,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Optional
 
+from experiments import scale_refinement
 from suite_schema.layout import (
     RECORD_NAME,
     SCALES_DIR,
     STATUS_COMPLETE,
     STATUSES,
+    is_number,
     scale_dir,
     scale_run_id,
     type_name,
@@ -160,12 +162,27 @@ def extra_scales(scales: Any) -> list[float]:
     return sorted({float(a) for a in (scales or ()) if float(a) != 1.0})
 
 
-def is_complete(run_dir: Path, run_id: str, scales: Any = ()) -> bool:
+#: The key of a run's own record naming the scale refinement it ran (`experiments.scale_refinement`): its settings,
+#: the scales it `added`, why it `stopped`, the `widest_gap` left.
+REFINEMENT_KEY = "scale_refinement"
+
+
+def is_complete(run_dir: Path, run_id: str, scales: Any = (), refinement: Optional[dict] = None) -> bool:
     """True when `run_dir` holds a complete record for exactly this run id, and one for every
-    post-hoc scale in `scales` (1.0 is the run's own record)."""
+    post-hoc scale in `scales` (1.0 is the run's own record). With `refinement` (the settings of a scale refinement,
+    `experiments.scale_refinement.settings`), also when the run's record names a refinement that added every scale
+    one with these settings would (`scale_refinement.covers`) and every scale it added has its complete record: the
+    refined scales are decided while the run is evaluated, so the run's own record, written last, lists them."""
     record = read_record(run_dir)
     if not (record and record.get("status") == STATUS_COMPLETE and record.get("run_id") == run_id):
         return False
+    if refinement:
+        done = part(record, REFINEMENT_KEY)
+        added = done.get("added")
+        if (not scale_refinement.covers(done, refinement) or not isinstance(added, list)
+                or not all(is_number(a) for a in added)):
+            return False
+        scales = [*(scales or ()), *added]
     for alpha in extra_scales(scales):
         scaled = read_record(scale_dir(run_dir, alpha))
         if not (scaled and scaled.get("status") == STATUS_COMPLETE and scaled.get("run_id") == scale_run_id(run_id, alpha)):

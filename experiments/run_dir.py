@@ -72,7 +72,7 @@ class RunDirCheck(Callback):
         # here, not at the top: Hydra instantiates callbacks on every start; torch loads only when a run starts
         from experiments import exit_codes, rerun
         from experiments.config import validate_config
-        from experiments.methods import required_scales
+        from experiments.methods import required_refinement, required_scales
         from suite_schema import run_identity
 
         try:
@@ -84,8 +84,8 @@ class RunDirCheck(Callback):
         except ConfigError as exc:  # the config's own errors (MethodConfigError is one)
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(exit_codes.BAD_CONFIG)
-        if records.is_complete(run_dir, run_id, required_scales(typed)) and not rerun.requested(typed.rerun_before,
-                                                                                                run_dir):
+        complete = records.is_complete(run_dir, run_id, required_scales(typed), required_refinement(typed))
+        if complete and not rerun.requested(typed.rerun_before, run_dir):
             with read_write(config.hydra), open_dict(config.hydra):
                 config.hydra.output_subdir = None
 

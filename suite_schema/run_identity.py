@@ -31,6 +31,7 @@ PRESENTATION_KEYS = (
     "rerun_before",  # which records count as stale, not what a run computes
     "wait_if_running",
     "eval.scales",  # more post-hoc scales of the same training run are more records, not another run
+    "eval.refine_scales",  # so are the scales refinement adds between them
     "method.display",  # how analysis shows the method (conf/method/*.yaml), not what it computes
     "method.tune",  # the grid the tuning presets sweep for the method, not what one run computes
     "reuse_training_from",  # where a finished run with the same training is looked for (experiments.reuse)

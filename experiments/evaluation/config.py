@@ -8,6 +8,7 @@ key, the offending value and what is allowed (`experiments.validation`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, List, Optional
@@ -21,6 +22,16 @@ from suite_schema import registry
 DEFAULT_CACHE_SUBDIR = Path(".cache") / "atlas-suite" / "reference"
 CACHE_ENV = "ATLAS_CACHE_DIR"
 LOGPROB_DTYPES = ("float16", "float32")
+
+
+@dataclass
+class ScaleRefinement:
+    """`eval.refine_scales`: after the fixed post-hoc scales, bisect the adjacent pair of measured scales whose pass@1
+    (share of problems solved) differs most, while that gap exceeds `max_gap`, for at most `max_evals` more
+    evaluations of the trained run (`experiments.scale_refinement`)."""
+
+    max_gap: float = MISSING  # pass@1 gap (share of problems) between adjacent measured scales still accepted
+    max_evals: int = MISSING  # at most this many refined scales per trained run, one evaluation each; 0 = off
 
 
 @dataclass
@@ -65,6 +76,9 @@ class EvalConfig:
     # scales alpha of its update, W0 + alpha * Delta, one record each (1.0 is the run's own record).
     # Not part of the run id: adding scales to a finished run evaluates only the missing ones.
     scales: List[float] = MISSING
+    # Dense fronts after the fixed scales: more scales bisecting the widest pass@1 gaps (`ScaleRefinement`), each a
+    # record of its own; null = off. Not part of the run id either.
+    refine_scales: Optional[ScaleRefinement] = MISSING
 
     # Sandbox limits for every generated program (see the `sandbox` package).
     sandbox_timeout_s: float = MISSING  # wall-clock limit per program
@@ -87,6 +101,14 @@ class EvalConfig:
     cache_dir: Optional[str] = MISSING
     # First N items of each retained split (calibration and evaluation); null = all.
     max_items_per_domain: Optional[int] = MISSING
+
+    def __post_init__(self) -> None:
+        if isinstance(self.refine_scales, Mapping):  # a plain mapping (a group's YAML values, a record's config)
+            allowed = {f.name for f in fields(ScaleRefinement)}
+            for key, value in self.refine_scales.items():
+                _require(f"refine_scales.{key}", value, key in allowed,
+                         f"a key of eval.refine_scales, one of {sorted(allowed)}")
+            self.refine_scales = ScaleRefinement(**self.refine_scales)
 
     @classmethod
     def from_group(cls, name: str = "micro", **overrides: Any) -> "EvalConfig":
@@ -137,6 +159,14 @@ class EvalConfig:
         _require("scales", scales, bool(scales) and len(set(scales)) == len(scales)
                  and all(is_number(a) and 0.0 <= a <= 10.0 for a in scales),
                  "a non-empty list of distinct numbers in [0, 10]")
+        refine = self.refine_scales
+        _require("refine_scales", refine, refine is None or isinstance(refine, ScaleRefinement),
+                 "null or a mapping with max_gap and max_evals")
+        if refine is not None:
+            _require("refine_scales.max_gap", refine.max_gap,
+                     is_number(refine.max_gap) and 0.0 < refine.max_gap <= 1.0, "a number in (0, 1] (a pass@1 gap)")
+            _require("refine_scales.max_evals", refine.max_evals, is_int(refine.max_evals) and refine.max_evals >= 0,
+                     "an integer >= 0 (0 = no refinement)")
         tasks = list(self.lm_eval_tasks)
         _require("lm_eval_tasks", tasks, all(isinstance(t, str) and t.strip() for t in tasks),
                  "a list of non-empty task names")
@@ -145,6 +175,11 @@ class EvalConfig:
             _require(name, value, value is None or (isinstance(value, str) and bool(value.strip())),
                      "null or a non-empty path string")
         return self
+
+    def refinement(self) -> Optional[ScaleRefinement]:
+        """The scale refinement asked for, or None when it is off (`refine_scales` null or `max_evals` 0)."""
+        refine = self.refine_scales
+        return refine if refine is not None and refine.max_evals > 0 else None
 
     def max_new_tokens(self, kind: str) -> int:
         """The generation length cap for prompts of kind `math`, `choice` or `code`."""

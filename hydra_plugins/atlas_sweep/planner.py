@@ -110,7 +110,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
     # here, not at the top: Hydra imports this module at start; the runtime (torch) loads only when a sweep is planned
     from experiments.config import validate_config
     from experiments.job import USER_ERRORS
-    from experiments.methods import required_scales
+    from experiments.methods import required_refinement, required_scales
 
     ensure_run_id_resolver()
     plan, errors = [], []
@@ -141,7 +141,7 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
             cfg.hydra.sweep.subdir = subdir
         run_dir = Path(sweep_dir) / subdir
         run = PlannedRun(index, list(overrides), run_id, str(run_dir), cfg)
-        scales = required_scales(typed)
+        scales, refinement = required_scales(typed), required_refinement(typed)
         try:
             check_job_dir(seen, index, run_id, sweep_dir, subdir, typed.run_root)
         except USER_ERRORS as exc:
@@ -151,7 +151,8 @@ def plan_sweep(config: DictConfig, hydra_context: Any, job_overrides: Sequence[S
         if first is not None:
             # Overrides that do not change the science (logger, progress, ...) give the same run: run it once.
             run.state, run.reason = DUPLICATE, f"same run (id and directory) as job #{first.index}"
-        elif records.is_complete(run_dir, run_id, scales) and not rerun.requested(typed.rerun_before, run_dir):
+        elif records.is_complete(run_dir, run_id, scales, refinement) and not rerun.requested(typed.rerun_before,
+                                                                                              run_dir):
             run.state, run.reason = SKIPPED, "complete record before launch"
         plan.append(run)
     if errors:

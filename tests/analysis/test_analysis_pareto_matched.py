@@ -310,3 +310,51 @@ def test_one_trained_point_with_scales_has_its_scale_curve_as_front():
                                recs[4], recs[5]])
     front = frontier(sweep_points(better[better["method"] == "lora"], schema.KL_MEAN_COL))
     assert 1.0 not in list(front["scale"])
+
+
+def test_each_matched_value_names_the_pass_gap_it_was_read_across():
+    """`bracket_gap`: the pass@1 gap between the two measured points of the run's curve a per-seed value lies between;
+    NaN where the value is a measured point's (at a point, below a curve's least pass@1) or the level is not reached."""
+    levels = parse_levels(["0.05", "0.15", "0.25", "0.4", "0.45"])
+    gap = per_seed_matched(table(_runs("lora", RUN_A)), levels, interpolate=True,
+                           methods=["lora"]).set_index("level_spec")["bracket_gap"]
+    # RUN_A's curve: pass@1 0.10, 0.20, 0.40
+    assert gap["0.15"] == pytest.approx(0.10) and gap["0.25"] == pytest.approx(0.20)
+    assert math.isnan(gap["0.05"]) and math.isnan(gap["0.4"]) and math.isnan(gap["0.45"])
+    # where another run gives the least KL, its own points bound the reading: (0.15, 0.01) to (0.30, 0.03) at 0.25
+    lower = {150: [(0.5, 0.15, 0.01), (1.0, 0.30, 0.03)]}
+    mixed = per_seed_matched(table(_runs("lora", {**RUN_A, **lower})), parse_levels(["0.25", "0.3", "0.35"]),
+                             interpolate=True, methods=["lora"]).set_index("level_spec")["bracket_gap"]
+    assert mixed["0.25"] == pytest.approx(0.15) and math.isnan(mixed["0.3"]) and mixed["0.35"] == pytest.approx(0.2)
+    # without interpolation nothing is read between points
+    assert per_seed_matched(table(_runs("lora", RUN_A)), levels, methods=["lora"])["bracket_gap"].isna().all()
+
+
+def test_envelope_gap_prefers_a_measured_reading_of_the_same_value():
+    from analysis.pareto import envelope_gap, front_bracket
+
+    one, point = [(0.1, 0.01), (0.3, 0.03)], [(0.2, 0.02)]
+    assert front_bracket(one, 0.2) == (0.1, 0.3) and front_bracket(point, 0.2) is None
+    assert envelope_gap([one], 0.2) == pytest.approx(0.2)
+    assert envelope_gap([one, point], 0.2) is None        # the same KL, measured by the second run
+    assert envelope_gap([one, [(0.05, 0.0), (0.25, 0.02)]], 0.2) == pytest.approx(0.2)  # the lower run's gap
+    assert envelope_gap([one, [(0.15, 0.01), (0.25, 0.03)]], 0.2) == pytest.approx(0.1)  # equal values: narrower gap
+    assert envelope_gap([one], 0.35) is None and envelope_gap([one], 0.1) is None
+
+
+def test_widest_gaps_names_the_widest_reading_per_backbone():
+    from analysis.matched import widest_gaps
+
+    recs = _runs("lora", RUN_A) + _runs("lora", {600: [(0.25, 0.10, 0.01), (0.5, 0.12, 0.02), (1.0, 0.45, 0.10)]},
+                                        seed=1)
+    recs += _runs("atlas", {600: [(0.5, 0.05, 0.0), (1.0, 0.42, 0.01)]})
+    recs += [record("lora", 0, 0.3, {"math": 0.1, "commonsense": 0.1}, backbone="other", benchmark="other")]
+    ps = per_seed_matched(table(recs), parse_levels(["0.15", "0.3"]), interpolate=True)
+    wide = widest_gaps(ps).set_index("backbone")
+    # lora seed 0: 0.10 and 0.20 (at 0.15, from 0.1 to 0.2), 0.20 (at 0.3); seed 1: 0.33 at both; atlas: 0.37 at both
+    assert wide.loc["micro", "n_bracketed"] == 6 and wide.loc["micro", "widest_gap"] == pytest.approx(0.37)
+    assert (wide.loc["micro", "method"], wide.loc["micro", "level_spec"], wide.loc["micro", "seed"]) == ("atlas", "0.15",
+                                                                                                        0)
+    lora = widest_gaps(ps, ["lora"]).set_index("backbone")
+    assert lora.loc["micro", "widest_gap"] == pytest.approx(0.33) and lora.loc["micro", "seed"] == 1
+    assert lora.loc["other", "n_bracketed"] == 0 and math.isnan(lora.loc["other", "widest_gap"])

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from analysis_synth import record, scenario, write
 
@@ -170,6 +171,40 @@ def test_report_tables_hold_the_known_values(report):
     points = (out / "data" / "pareto_points.csv").read_text().splitlines()
     assert points[0].startswith("domain,backbone,benchmark,method,sweep_key")
     assert len(points) == 1 + 3 * 9   # 9 sweep points (base, atlas x3, lora x3, ewc, atlas_nogate) x 3 domains
+
+
+def test_report_states_the_widest_pass_gap_it_interpolated_across(report, tmp_path):
+    _, out, _ = report
+    # the scenario's runs have no post-hoc scales: every value is a measured point's
+    assert "Interpolation on micro: no per-seed value lies between two measured points." in (
+        out / "tables" / "main.md").read_text()
+    assert "Widest pass@1 gap interpolated across on micro: none" in (out / "index.md").read_text()
+    # A LoRA and an ATLAS run at scales, seed 0; levels 0.25 and 0.35. LoRA (pass@1 0.10, 0.20, 0.40 at scales 0.25,
+    # 0.5, 1) reads both between 0.20 and 0.40; ATLAS (0.15, 0.30, 0.36) reads 0.25 between 0.15 and 0.30 and 0.35
+    # between 0.30 and 0.36, the widest gap LoRA's 0.20, at 0.25 (the first of the two).
+    curves = {"lora": [(0.25, 0.10, 0.01), (0.5, 0.20, 0.02), (1.0, 0.40, 0.10)],
+              "atlas": [(0.25, 0.15, 0.005), (0.5, 0.30, 0.01), (1.0, 0.36, 0.05)]}
+    root = tmp_path / "runs"
+    for method, curve in curves.items():
+        for alpha, p1, kl in curve:
+            rec = record(method, 0, p1, {"math": kl, "commonsense": kl}, steps=600, scale=alpha)
+            write(root, rec, f"{method}/{alpha}")
+    rep = tmp_path / "report"
+    write_report([str(root)], rep, levels=["0.25", "0.35"])
+    assert ("Widest pass@1 gap interpolated across on micro: 0.200 (LoRA, pass@1 >= 0.25, seed 0), among 4 per-seed "
+            "matched values read between two measured points") in (rep / "index.md").read_text()
+    main_md = (rep / "tables" / "main.md").read_text()
+    assert ("Interpolation on micro: 4 per-seed values lie between two measured points of a run's scale curve, at "
+            "most 0.200 pass@1 apart (LoRA, pass@1 >= 0.25, seed 0)") in main_md
+    per_seed = pd.read_csv(rep / "data" / "matched_per_seed.csv").set_index(["method", "level_spec"])["bracket_gap"]
+    assert per_seed.to_dict() == pytest.approx({("atlas", 0.25): 0.15, ("atlas", 0.35): 0.06, ("lora", 0.25): 0.2,
+                                                ("lora", 0.35): 0.2})
+    assert "bracket_gap" not in pd.read_csv(rep / "data" / "answers_per_seed.csv").columns
+    # without interpolation the report states no gap
+    plain = tmp_path / "plain"
+    write_report([str(root)], plain, levels=["0.25", "0.35"], interpolate=False)
+    assert "Widest pass@1 gap" not in (plain / "index.md").read_text()
+    assert "Interpolation on" not in (plain / "tables" / "main.md").read_text()
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ from suite_schema import registry
 def test_every_paper_preset_is_priced_and_scales_cost_evaluations(capsys):
     ev = gpu_hours.paper_eval()
     assert ev["max_new_tokens_code"] == 512 and ev["max_new_tokens_choice"] == 16  # the latter from eval/micro
-    assert gpu_hours.evaluations_per_run("paper_main") == 5 and gpu_hours.evaluations_per_run("paper_retained") == 1
+    # paper_main: 5 scales and up to 12 refined ones (conf/eval/scales/fronts.yaml); paper_retained: scale 1 only, nothing
+    # to refine between
+    assert gpu_hours.evaluations_per_run("paper_main") == 5 + 12 and gpu_hours.evaluations_per_run("paper_retained") == 1
     gpu_hours.main()
     out = capsys.readouterr().out
     presets = [p for p in registry.group_options("experiment") if p.startswith("paper_")]
@@ -18,7 +20,7 @@ def test_every_paper_preset_is_priced_and_scales_cost_evaluations(capsys):
 
 def test_reusing_the_tuning_sweep_s_trainings_saves_exactly_their_training_hours(capsys):
     hours = {b: gpu_hours.run_hours(b) for b in gpu_hours.PAPER_BACKBONES}
-    main = gpu_hours.preset_hours(gpu_hours.PRESETS["paper_main"], 5, hours)
+    main = gpu_hours.preset_hours(gpu_hours.PRESETS["paper_main"], gpu_hours.evaluations_per_run("paper_main"), hours)
     # paper_tune trains the grid at the full length and LoRA's points at a mean 0.625 of it, at seeds 0 and 1, all of
     # them paper_main's runs (its seeds 0 and 1)
     grid, lora = gpu_hours.grid_points()

@@ -89,7 +89,7 @@ def test_a_test_split_run_appends_its_line_and_a_dev_run_appends_nothing(tiny_ba
     record = json.loads(record_path.read_text())
     assert tuple(line) == layout.TEST_READ_FIELDS
     assert line["run_id"] == record["run_id"] and line["method"] == "base" and line["knobs"] == record["knobs"]
-    assert line["backbone"] == record["backbone"] and line["benchmark"] == record["benchmark"] == "micro"
+    assert line["backbone"] == record["backbone"] and line["benchmark"] == record["benchmark"] == "micro_v3"
     assert (line["git_sha"], line["git_dirty"]) == (record["provenance"]["git_sha"], record["provenance"]["git_dirty"])
     assert line["split"] == "test" and line["scales"] == [1.0] and line["seed"] == 0
     assert line["train"] == {k: record["config"]["train"][k] for k in layout.TRAIN_KNOBS}
