@@ -135,7 +135,7 @@ def domain_mean_kl(entries: dict) -> float:
 
 
 def headline_kl(near: dict, far: dict) -> float:
-    """`retained_kl_mean`, the headline retained KL (nats per token; docs/evaluation.md, "The headline statistic"):
+    """`retained_kl_mean`, the headline retained KL (nats per token; docs/evaluation.md, "Near and far retained items"):
     without far items, the mean over domains of the near token-mean KL (every earlier record); with them, the mean of
     the near and the far domain means, so near and far weigh equally and each domain weighs equally within each."""
     if not far:
