@@ -42,6 +42,7 @@ class ProtocolRun:
     scales: tuple[float, ...]
     rerun_before: Optional[str]
     reuses: bool
+    refinement: Optional[dict] = None  # the scale refinement a complete run must have run (`required_refinement`)
 
     @property
     def method(self) -> str:
@@ -60,7 +61,7 @@ class ProtocolRun:
         record = records.read_record(self.run_dir)
         status = record.get("status") if record and record.get("run_id") == self.run_id else None
         if status == layout.STATUS_COMPLETE:
-            if not records.is_complete(self.run_dir, self.run_id, self.scales):
+            if not records.is_complete(self.run_dir, self.run_id, self.scales, self.refinement):
                 return SCALES_MISSING
             return STALE if rerun.requested(self.rerun_before, self.run_dir) else COMPLETE
         return status if status in layout.STATUSES else NEW
@@ -125,7 +126,7 @@ def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
     # here, not at the top: the runtime (torch) loads only once the command line is checked
     from experiments.config import resolved_train, validate_config
     from experiments.job import USER_ERRORS
-    from experiments.methods import method_class, required_scales
+    from experiments.methods import method_class, required_refinement, required_scales
     from experiments.run_dir import check_folder
 
     check_overrides(preset, overrides)
@@ -154,7 +155,7 @@ def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
                                                                 run_dir, typed.rerun_before))
         runs.append(ProtocolRun(index, tuple(job), label, run_id, run_dir,
                                 kind_of(run_identity.scientific_config(resolved)), trains,
-                                tuple(required_scales(typed)), typed.rerun_before, reuses))
+                                tuple(required_scales(typed)), typed.rerun_before, reuses, required_refinement(typed)))
     if errors:
         raise ConfigError(f"{len(errors)} of {len(jobs)} jobs of {preset} have an invalid config; nothing runs:\n"
                           + "\n".join(error_lines(errors)))
@@ -173,7 +174,8 @@ def pools(run_root: Path) -> list[Pool]:
 
 def estimates(runs: Sequence[ProtocolRun], sources: Sequence[Pool]) -> dict[str, Estimate]:
     """Each run's estimated wall time (`run_estimates.estimate`), by run id."""
-    return {r.run_id: estimate(r.kind, r.trains, r.evaluations, r.reuses, sources) for r in runs}
+    return {r.run_id: estimate(r.kind, r.trains, r.evaluations, r.reuses, sources,
+                               r.refinement["max_evals"] if r.refinement else 0) for r in runs}
 
 
 def select_chunk(pending: Sequence[ProtocolRun], times: dict[str, Estimate], budget_s: float) -> list[ProtocolRun]:

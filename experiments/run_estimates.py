@@ -58,6 +58,7 @@ class Measured:
     kind: tuple
     full_s: Optional[float]
     eval_s: Optional[float]
+    refined: bool = False  # the run also evaluated refined post-hoc scales (`scale_refinement` in its record)
 
 
 def _seconds(start: Any, end: Any) -> Optional[float]:
@@ -79,13 +80,14 @@ def measured(record: dict) -> Optional[Measured]:
     if wall is None:
         return None
     kind = kind_of(record["config"])
+    refined = bool(record.get("scale_refinement"))
     if isinstance(train.get("reused_from"), dict):
-        return Measured(kind, None, wall)
+        return Measured(kind, None, wall, refined)
     if train.get("resumed_from") is not None:
         return None
     trained = records.part(record, "cost").get("train_seconds")
     eval_s = wall - trained if isinstance(trained, (int, float)) and 0 <= trained <= wall else None
-    return Measured(kind, wall, eval_s)
+    return Measured(kind, wall, eval_s, refined)
 
 
 def run_records(folder: Path, nested: bool = False) -> Iterable[dict]:
@@ -106,10 +108,12 @@ class Pool:
     def __init__(self, label: str, found: Iterable[dict]) -> None:
         self.label = label
         self.times: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: {FULL: [], EVAL_ONLY: []})
+        self.refined: dict[tuple, bool] = defaultdict(bool)  # whether any record of a kind refined its scales
         for record in found:
             m = measured(record)
             if m is None:
                 continue
+            self.refined[m.kind] |= m.refined
             if m.full_s is not None:
                 self.times[m.kind][FULL].append(m.full_s)
             if m.eval_s is not None:
@@ -136,19 +140,26 @@ def default_seconds(method: str, steps: Optional[int], trains: bool, evaluations
     return train + EVALUATION_S * evaluations
 
 
-def estimate(kind: tuple, trains: bool, evaluations: int, reuses: bool, pools: Sequence[Pool]) -> Estimate:
-    """The wall seconds of `python run.py` for a run of `kind` (`kind_of`) with `evaluations` evaluations:
-    `STARTUP_S` plus the median of the first pool that measured its kind (evaluation only when it `reuses` another
-    run's training), else plus `default_seconds`."""
+def estimate(kind: tuple, trains: bool, evaluations: int, reuses: bool, pools: Sequence[Pool],
+             refined_evals: int = 0) -> Estimate:
+    """The wall seconds of `python run.py` for a run of `kind` (`kind_of`) with `evaluations` evaluations and up to
+    `refined_evals` refined post-hoc scales (`eval.refine_scales`): `STARTUP_S` plus the median of the first pool that
+    measured its kind (evaluation only when it `reuses` another run's training), else plus `default_seconds`; refined
+    scales at `EVALUATION_S` each (their whole budget, an upper bound) unless the measured records refined too."""
     part = EVAL_ONLY if reuses and trains else FULL
     what = " (evaluation only)" if part == EVAL_ONLY else ""
+    extra = f" + up to {refined_evals} refined scales" if refined_evals else ""
     for pool in pools:
         found = pool.median(kind, part)
         if found is not None:
-            return Estimate(STARTUP_S + found[0], f"{pool.label}, median of {found[1]}{what}")
+            if pool.refined[kind]:
+                return Estimate(STARTUP_S + found[0], f"{pool.label}, median of {found[1]}{what}")
+            return Estimate(STARTUP_S + found[0] + EVALUATION_S * refined_evals,
+                            f"{pool.label}, median of {found[1]}{what}{extra}")
     method, _, backbone, steps = kind
     source = "micro default" if backbone == "micro" else f"micro default (no record of {backbone})"
-    return Estimate(STARTUP_S + default_seconds(method, steps, trains, evaluations, part), source + what)
+    return Estimate(STARTUP_S + default_seconds(method, steps, trains, evaluations + refined_evals, part),
+                    source + what + extra)
 
 
 def duration(seconds: float) -> str:

@@ -83,6 +83,10 @@ def test_records_mark_runs_complete_or_pending(micro_main, tmp_path):
     write_record(other.run_dir, "0" * 16)  # another run's record in its folder
     assert (base.state(), trained.state(), failed.state(), other.state()) == (COMPLETE, SCALES_MISSING, "failed", NEW)
     write_scales(trained, trained.scales[-1:])
+    assert trained.state() == SCALES_MISSING  # every fixed scale, but the refinement the preset asks for never ran
+    record = json.loads((trained.run_dir / layout.RECORD_NAME).read_text())
+    record["scale_refinement"] = {**trained.refinement, "added": [], "stopped": "max_gap", "widest_gap": 0.04}
+    (trained.run_dir / layout.RECORD_NAME).write_text(json.dumps(record))
     assert trained.state() == COMPLETE
     states = {r.run_id: r.state() for r in runs}
     assert sum(s == COMPLETE for s in states.values()) == 2
@@ -292,3 +296,20 @@ def test_a_chunk_runs_end_to_end_and_the_same_command_goes_on(tiny_backbone_dir,
     assert len(logs) == 2
     assert protocol.main(["plan", *argv]) == exit_codes.DONE
     assert "nothing left to run" in capsys.readouterr().out
+
+
+def test_refined_scales_count_in_completeness_and_estimates(micro_main, tmp_path):
+    from experiments.run_estimates import EVALUATION_S, STARTUP_S, Pool, estimate
+
+    lora = micro_main.runs[28]
+    assert (lora.refinement["max_gap"], lora.refinement["max_evals"]) == (0.05, 12)  # the fronts presets refine
+    assert micro_main.runs[0].refinement is None  # the base trains nothing: no scales to refine
+    kind = lora.kind
+    plain = Pool("p", [])
+    plain.times[kind]["full"].append(100.0)
+    assert estimate(kind, True, 5, False, [plain]).seconds == STARTUP_S + 100.0
+    with_refinement = estimate(kind, True, 5, False, [plain], 12)
+    assert with_refinement.seconds == STARTUP_S + 100.0 + 12 * EVALUATION_S
+    assert "up to 12 refined scales" in with_refinement.source
+    plain.refined[kind] = True  # measured runs that refined already include it
+    assert estimate(kind, True, 5, False, [plain], 12).seconds == STARTUP_S + 100.0
