@@ -307,8 +307,8 @@ def test_a_key_added_later_changes_the_run_id_only_away_from_its_earlier_behavio
     any other value, the defaults included, is another run."""
     from omegaconf import OmegaConf
 
-    earlier_default_run = "73794eee4b142921"  # `python run.py` before the change of defaults (committed records)
-    (cfg,) = configs_of([["method.filter_basis=null", "method.filter_members=kmeans"]])
+    earlier_default_run = "73794eee4b142921"  # `python run.py` before the change of defaults (committed, earlier world)
+    (cfg,) = configs_of([["benchmark=micro", "method.filter_basis=null", "method.filter_members=kmeans"]])
     assert run_id_for(cfg) == earlier_default_run
     data = OmegaConf.to_container(cfg, resolve=True)
     assert {"filter_basis", "filter_members"} <= set(data["method"])
