@@ -55,6 +55,15 @@ EXTENDED = RESULTS / "extended"  # the five methods beyond the paper under micro
 ONE_POINT = RESULTS / "one_point"
 ONE_POINT_SHA = "4e1ee34abcedddee801ec252d09ac7d5403b4a13"
 PAPER_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora")
+V3_DEV = Path("docs/results/micro_v3/dev_defaults")  # the v3 world's first records: dev only
+
+
+def test_the_v3_world_folder_holds_dev_records_and_an_empty_test_read_ledger():
+    ledger = REPO / "docs/results/micro_v3/test_reads.jsonl"
+    assert ledger.is_file() and ledger.read_text() == ""  # no run has read the v3 test split
+    records = [json.loads(p.read_text()) for p in sorted((REPO / V3_DEV / "records").rglob("record.json"))]
+    assert len(records) == 5 and {r["benchmark"] for r in records} == {"micro_v3@dev"}
+    assert all(r["metrics"]["retained_far"] and r["metrics"]["target"]["per_problem"] for r in records)
 
 
 @pytest.mark.slow
@@ -67,6 +76,7 @@ PAPER_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inf
     ([REPLICATION / "records"], REPLICATION / "report", REFERENCE, ()),
     ([RESULTS / "records", EXTENDED / "records"], EXTENDED / "report", REFERENCE, ()),
     ([ONE_POINT / "records"], ONE_POINT / "report", REFERENCE, ()),
+    ([V3_DEV / "records"], V3_DEV / "report", REFERENCE, ()),
 ])
 def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, records, report, reference, variants):
     monkeypatch.chdir(REPO)  # the report names its records by these relative paths
@@ -76,7 +86,7 @@ def test_committed_micro_report_matches_a_rerun_over_its_records(monkeypatch, re
     # index must match exactly, and every figure must be there.
     assert [d for d in diffs if not d.startswith("differs: figures/")] == []
     figures = sorted((report / "figures").iterdir())
-    assert any(p.name.startswith("pareto_micro_mean") for p in figures)
+    assert any(p.name.startswith("pareto_micro") and p.stem.endswith("_mean") for p in figures)
 
 
 def _commit(method: str, atlas_sha: str) -> str:
