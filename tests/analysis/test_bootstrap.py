@@ -348,3 +348,33 @@ def test_report_with_the_fields_writes_the_table_next_to_the_paired_one(tmp_path
     assert data[0] == ",".join(BT.BOOT_COLS) and len(data) == 2
     assert schema.PER_ITEM_COL not in (out / "data" / "runs.csv").read_text().splitlines()[0].split(",")
     assert collect([str(tmp_path / "records")]).table[schema.PER_ITEM_COL].notna().all()
+
+
+def test_far_items_are_item_sets_of_their_own_weighted_as_the_headline():
+    recs = sweep({"atlas": (0.02, 0.4), "lora": (0.2, 0.4)}, seeds=(0,))
+    rng = np.random.default_rng(7)
+    far_tokens = rng.integers(5, 40, 25)
+    for i, rec in enumerate(recs):
+        m = rec["metrics"]
+        m["retained_near"] = m.pop("retained")
+        far = {}
+        for j, dom in enumerate(DOMAINS):
+            k = rng.gamma(2.0, 0.3, 25) * far_tokens * (i % 3)  # base runs: 0
+            far[dom] = {"kl_token_mean": float(k.sum() / far_tokens.sum()), "kl_seq_mean": float(k.mean()),
+                        "n_tokens": int(far_tokens.sum()), "n": 25,
+                        "per_item": {"kl_sum": [float(v) for v in k], "n_tokens": [int(v) for v in far_tokens]}}
+        m["retained_far"] = far
+        near = np.mean([e["kl_token_mean"] for e in m["retained_near"].values()])
+        m["retained_kl_mean"] = float((near + np.mean([e["kl_token_mean"] for e in far.values()])) / 2)
+        assert validate(rec) is None
+    g = table_of(recs)
+    sets = BT.eval_sets(g)
+    assert not isinstance(sets, str), sets
+    assert sets.domains == ("math", "commonsense", "math (far)", "commonsense (far)")
+    assert sets.weights == (0.25, 0.25, 0.25, 0.25) and sets.n_items["math (far)"] == 25
+    ident = BT.Resamples.identity(sets)
+    assert BT.resampled_kl(sets, ident)[0] == pytest.approx(g[schema.KL_MEAN_COL].to_numpy(), rel=1e-12)
+    # a record whose headline is not the near/far mean cannot be resampled, and says so
+    recs[1]["metrics"]["retained_kl_mean"] *= 1.5
+    assert "retained_kl_mean is" in BT.eval_sets(table_of(recs))
+    assert BT.headline_weights(2, 0) == [0.5, 0.5] and BT.headline_weights(2, 1) == [0.25, 0.25, 0.5]
