@@ -33,8 +33,8 @@ def test_paper_backbones_and_micro_exist():
 def test_every_method_and_backbone_composes_and_validates(method, backbone):
     cfg = validate_config(composed(f"method={method}", f"backbone={backbone}"))
     assert cfg.method.name == method
-    # The benchmark follows the backbone: micro backbone => micro benchmark; real ones => paper.
-    assert cfg.benchmark.name == ("micro" if backbone == "micro" else "paper")
+    # The benchmark follows the backbone: micro backbone => the micro world v3; real ones => paper.
+    assert cfg.benchmark.name == ("micro_v3" if backbone == "micro" else "paper")
 
 
 def test_benchmark_override_beats_the_backbone_default():
