@@ -40,6 +40,7 @@ from experiments.evaluation.evaluate import evaluate_run
 from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
+from experiments.run_summary import summary_lines
 from experiments.logger import make_logger
 from experiments.methods import (
     Method,
@@ -303,6 +304,9 @@ class Job:
             method.scale(model, 1.0)
         records.atomic_write_json(self.run_dir / layout.RECORD_NAME, record)
         self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
+        result = logging.getLogger("suite.result")
+        for line in summary_lines(record, self.run_dir / layout.RECORD_NAME):
+            result.info("%s", line)
         log.info("%s: complete; record %s", self.run_id, self.run_dir / layout.RECORD_NAME)
         return record
 

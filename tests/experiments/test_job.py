@@ -39,6 +39,10 @@ def test_run_writes_complete_record_then_rerun_skips(overrides, tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     rec = record_of(tmp_path / "runs")
     assert rec["status"] == "complete" and rec["method"] == "lora" and rec["seed"] == 0
+    # The run ends with what it found, on stdout and in run.log.
+    shown = f"[result] pass@1 {rec['metrics']['target']['pass@1']:.4f} on {rec['metrics']['target']['n_problems']} problems"
+    assert shown in first.stdout and shown in (only_run_dir(tmp_path / "runs") / "run.log").read_text()
+    assert "[result]   math  " in first.stdout and "far KL" in first.stdout
     assert rec["train"]["steps"] == 6 and len(rec["train"]["losses"]) == 6
     assert rec["cost"]["trainable_params"] > 0 and rec["cost"]["stored_bytes"] > 0
     m = rec["metrics"]
