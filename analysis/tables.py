@@ -222,6 +222,18 @@ def ablation_table(a: Analysis) -> Table:
     return t
 
 
+def _level_rows(a: Analysis, frame: pd.DataFrame):
+    """(backbone, benchmark, method, level, row) of a per-method, per-level frame, in the report's order of groups,
+    methods and levels; combinations without a row are skipped."""
+    for bb, bench in a.groups:
+        g = frame[(frame["backbone"] == bb) & (frame["benchmark"] == bench)]
+        for method in M.ordered(g["method"]):
+            for lv in a.levels:
+                r = g[(g["method"] == method) & (g["level_spec"] == lv.spec)]
+                if not r.empty:
+                    yield bb, bench, method, lv, r.iloc[0]
+
+
 def paired_table(a: Analysis) -> Table:
     table = Table("paired", "Paired comparison of ATLAS against each method across seeds", group_header="Backbone")
     table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI (t)", "95% CI (bootstrap)", "t", "p (paired t)",
@@ -234,36 +246,29 @@ def paired_table(a: Analysis) -> Table:
     if p.empty:
         table.absent = "Only ATLAS runs were collected: there is no other method to compare against."
         return table
-    for bb, bench in a.groups:
-        g = p[(p["backbone"] == bb) & (p["benchmark"] == bench)]
-        for method in M.ordered(g["method"]):
-            for lv in a.levels:
-                r = g[(g["method"] == method) & (g["level_spec"] == lv.spec)]
-                if r.empty:
-                    continue
-                r = r.iloc[0]
-                n = int(r["n_pairs"])
-                t = _f(r["t"])
-                t_text = "n/a" if t is None else ("inf" if math.isinf(t) and t > 0 else
-                                                  "-inf" if math.isinf(t) else f"{t:.2f}")
-                unpaired = []
-                if int(r["only_reference"]):
-                    unpaired.append(f"ATLAS only: {int(r['only_reference'])}")
-                if int(r["only_method"]):
-                    unpaired.append(f"{M.label(method)} only: {int(r['only_method'])}")
-                table.rows.append([
-                    Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
-                    Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"),
-                    Cell(fmt_interval(_f(r["lo"]), _f(r["hi"])) if n >= 2 else "n/a"),
-                    Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n >= 2 else "n/a"),
-                    Cell(t_text if n >= 2 else "n/a"), Cell(fmt_p(_f(r["p_t"])) if n >= 2 else "n/a"),
-                    Cell(fmt_p(_f(r["p_t_holm"])) if n >= 2 else "n/a"),
-                    Cell(f"{int(r['wins'])}/{n}" if n else "n/a"),
-                    Cell(fmt_p(_f(r["p_sign"])) if n else "n/a"),
-                    Cell(fmt_p(_f(r["p_sign_holm"])) if n else "n/a"),
-                    Cell("; ".join(unpaired) if unpaired else ""),
-                ])
-                table.groups.append(group_label(bb, bench))
+    for bb, bench, method, lv, r in _level_rows(a, p):
+        n = int(r["n_pairs"])
+        t = _f(r["t"])
+        t_text = "n/a" if t is None else ("inf" if math.isinf(t) and t > 0 else
+                                          "-inf" if math.isinf(t) else f"{t:.2f}")
+        unpaired = []
+        if int(r["only_reference"]):
+            unpaired.append(f"ATLAS only: {int(r['only_reference'])}")
+        if int(r["only_method"]):
+            unpaired.append(f"{M.label(method)} only: {int(r['only_method'])}")
+        table.rows.append([
+            Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
+            Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"),
+            Cell(fmt_interval(_f(r["lo"]), _f(r["hi"])) if n >= 2 else "n/a"),
+            Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n >= 2 else "n/a"),
+            Cell(t_text if n >= 2 else "n/a"), Cell(fmt_p(_f(r["p_t"])) if n >= 2 else "n/a"),
+            Cell(fmt_p(_f(r["p_t_holm"])) if n >= 2 else "n/a"),
+            Cell(f"{int(r['wins'])}/{n}" if n else "n/a"),
+            Cell(fmt_p(_f(r["p_sign"])) if n else "n/a"),
+            Cell(fmt_p(_f(r["p_sign_holm"])) if n else "n/a"),
+            Cell("; ".join(unpaired) if unpaired else ""),
+        ])
+        table.groups.append(group_label(bb, bench))
     table.notes = [
         "Δ = KL(ATLAS) - KL(method) per seed, over the seeds where both reach the level (negative: ATLAS keeps "
         "retained outputs closer to the base). 95% CI (t): t-interval of the mean difference; (bootstrap): percentile "
@@ -303,27 +308,20 @@ def items_table(a: Analysis) -> Table:
                         else "No backbone with runs of ATLAS and of another trained method: there is nothing to compare.")
         return table
     d, p = items.table, a.paired
-    for bb, bench in a.groups:
-        g = d[(d["backbone"] == bb) & (d["benchmark"] == bench)]
-        for method in M.ordered(g["method"]):
-            for lv in a.levels:
-                r = g[(g["method"] == method) & (g["level_spec"] == lv.spec)]
-                if r.empty:
-                    continue
-                r = r.iloc[0]
-                seeds = p[(p["backbone"] == bb) & (p["benchmark"] == bench) & (p["method"] == method)
-                          & (p["level_spec"] == lv.spec)]
-                n, defined = int(r["n_pairs"]), int(r["n_defined"])
-                seed_ci = (fmt_interval(_f(seeds["lo"].iloc[0]), _f(seeds["hi"].iloc[0]))
-                           if len(seeds) and int(seeds["n_pairs"].iloc[0]) >= 2 else "n/a")
-                table.rows.append([
-                    Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
-                    Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"), Cell(seed_ci),
-                    Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n else "n/a"),
-                    Cell(_p_boot(_f(r["p_boot"]), defined)), Cell(_p_boot(_f(r["p_boot_holm"]), defined)),
-                    Cell(f"{defined}/{int(r['n_resamples'])}"),
-                ])
-                table.groups.append(group_label(bb, bench))
+    for bb, bench, method, lv, r in _level_rows(a, d):
+        seeds = p[(p["backbone"] == bb) & (p["benchmark"] == bench) & (p["method"] == method)
+                  & (p["level_spec"] == lv.spec)]
+        n, defined = int(r["n_pairs"]), int(r["n_defined"])
+        seed_ci = (fmt_interval(_f(seeds["lo"].iloc[0]), _f(seeds["hi"].iloc[0]))
+                   if len(seeds) and int(seeds["n_pairs"].iloc[0]) >= 2 else "n/a")
+        table.rows.append([
+            Cell(M.label(method)), Cell(_level_header(lv)), Cell(str(n)),
+            Cell(fmt_num(_f(r["mean_diff"])) if n else "n/a"), Cell(seed_ci),
+            Cell(fmt_interval(_f(r["boot_lo"]), _f(r["boot_hi"])) if n else "n/a"),
+            Cell(_p_boot(_f(r["p_boot"]), defined)), Cell(_p_boot(_f(r["p_boot_holm"]), defined)),
+            Cell(f"{defined}/{int(r['n_resamples'])}"),
+        ])
+        table.groups.append(group_label(bb, bench))
     first = d.iloc[0]
     table.notes = [
         f"Δ = KL(ATLAS) - KL(method), the mean over the seeds where both reach the level, as in the paired table "

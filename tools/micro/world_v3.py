@@ -242,6 +242,11 @@ def cs_template(rec: dict) -> str:
         f"{v2._article(subj).capitalize()} {subj}", "<A> <s>").replace(subj, "<s>")
 
 
+def _cs_item(rec: dict) -> str:
+    """A commonsense item's identity (its stem and choice set, `world.split_keys`) as text."""
+    return str(v2.split_keys("commonsense", [rec]).pop())
+
+
 def _fact(rec: dict) -> str:
     return f"{_relation(rec)}|{rec['question']['question_concept']}|{v2._csqa_answer(rec)}"
 
@@ -267,8 +272,8 @@ def dedup_report_v3(splits: dict, earlier: dict) -> dict:
                           "arithmetic": dedup.shared((v2.mask_text(i["question"]) for i in a),
                                                      (v2.mask_text(i["question"]) for i in b))}
             else:
-                counts = {"items": dedup.shared((str(v2.split_keys("commonsense", [r]).pop()) for r in a),
-                                                (str(v2.split_keys("commonsense", [r]).pop()) for r in b)),
+                counts = {"items": dedup.shared((_cs_item(r) for r in a),
+                                                (_cs_item(r) for r in b)),
                           "facts": dedup.shared(map(_fact, a), map(_fact, b))}
             report["exact"][f"{domain} {x}|{y}"] = counts
     cal_math, cal_cs = splits["math/calibration"], splits["commonsense/calibration"]
@@ -302,8 +307,8 @@ def dedup_report_v3(splits: dict, earlier: dict) -> dict:
                                       (math_template(i["question"]) for i in read_math)),
         }
         report["earlier_read"][f"commonsense {split}"] = {
-            "items": dedup.shared((str(v2.split_keys("commonsense", [r]).pop()) for r in recs),
-                                  (str(v2.split_keys("commonsense", [r]).pop()) for r in read_cs)),
+            "items": dedup.shared((_cs_item(r) for r in recs),
+                                  (_cs_item(r) for r in read_cs)),
             "facts": dedup.shared(map(_fact, recs), map(_fact, read_cs)),
         }
     report["earlier_read"]["code test"] = {
