@@ -46,7 +46,24 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from experiments.command_line import exit_on_error
+    from experiments import command_line
 
-    exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
+    sys.argv[1:] = command_line.normalized(sys.argv[1:])  # `+experiment=NAME`, the old spelling, still selects it
+    if "--plan" in sys.argv[1:]:  # what a launch would do, nothing run
+        from hydra_plugins.atlas_sweep.plan_command import main as plan
+
+        sys.exit(plan([a for a in sys.argv[1:] if a != "--plan"]))
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        print(command_line.help_text())
+        sys.exit(0)
+    if "--cfg" in sys.argv[1:] or "-c" in sys.argv[1:]:  # the composed config, validated as a run validates it
+        from experiments.validation import ConfigError
+
+        try:
+            command_line.show_config(sys.argv[1:])
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
+    command_line.exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
     main()

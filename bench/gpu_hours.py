@@ -70,7 +70,7 @@ def evaluations_per_run(preset: str) -> int:
     """Evaluations of each trained run of a preset, at most: one per post-hoc scale of its composed `eval.scales`,
     plus the `eval.refine_scales.max_evals` refined scales where there are scales besides 1 to refine between."""
     with initialize_config_dir(config_dir=str(registry.CONF), version_base="1.3"):
-        ev = compose("config", overrides=[f"+experiment={preset}"]).eval
+        ev = compose("config", overrides=[f"experiment={preset}"]).eval
     refine = ev.refine_scales
     refined = refine.max_evals if refine is not None and any(float(a) != 1.0 for a in ev.scales) else 0
     return len(ev.scales) + refined

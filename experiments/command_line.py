@@ -14,8 +14,10 @@ and the values of each swept config group are checked against the group's files.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments import exit_codes
@@ -39,6 +41,21 @@ MAX_LISTED = 30
 
 class CommandLineError(ConfigError):
     """An override of the command line that Hydra would refuse, in one line."""
+
+
+#: Config groups in conf/config.yaml's defaults list that were once appended with `+` (`+experiment=NAME`): the old
+#: spelling still selects them (Hydra refuses `+` for a group already in the defaults list).
+SELECTED_WITHOUT_PLUS = ("experiment",)
+
+
+def normalized(argv: Sequence[str]) -> list[str]:
+    """`argv` with `+experiment=NAME` (the old spelling) as `experiment=NAME`; everything else as it is."""
+    out = []
+    for arg in argv:
+        if any(arg.startswith(f"+{group}=") for group in SELECTED_WITHOUT_PLUS):
+            arg = arg[1:]
+        out.append(arg)
+    return out
 
 
 def config_loader(config_dir: str | None = None) -> ConfigLoaderImpl:
@@ -136,7 +153,7 @@ def _compose(loader, config_name: str, overrides: list[str], mode) -> None:
 def check(argv: Sequence[str]) -> None:
     """Raise CommandLineError (one line) when Hydra would refuse the overrides of `run.py ARGV`."""
 
-    args, _ = get_args_parser().parse_known_args(list(argv))
+    args, _ = get_args_parser().parse_known_args(normalized(argv))
     if args.help or args.hydra_help or args.shell_completion:
         return
     commands = [name for name, on in (("--run", args.run), ("--multirun", args.multirun), ("--cfg", args.cfg is not None),
@@ -165,7 +182,7 @@ def multirun_jobs(overrides: Sequence[str], config_dir: str | None = None, confi
     """The per-job override lists of `python run.py -m OVERRIDES`, in the order Hydra's basic sweeper launches them:
     the `hydra.sweeper.params` the composed config sets (a preset's) before the command line's, their product split
     into jobs. Raises CommandLineError (one line) where Hydra would refuse the overrides."""
-    return _multirun_jobs(config_loader(config_dir), config_name, list(overrides))
+    return _multirun_jobs(config_loader(config_dir), config_name, normalized(overrides))
 
 
 def _multirun_jobs(loader, config_name: str, overrides: list[str]) -> list[list[str]]:
@@ -204,6 +221,94 @@ def _group_options(loader, key: str) -> list[str]:
         return sorted(loader.get_group_options(key))
     except Exception:  # noqa: BLE001 - not a group
         return []
+
+
+def show_config(argv: Sequence[str]) -> None:
+    """`python run.py --cfg job|hydra|all [--resolve] [--package P] OVERRIDES`: print the composed config as Hydra's
+    `--cfg` does, after validating the run's config as a launch would (a value a run refuses is the same one-line
+    ConfigError here). Unlike Hydra's, `--cfg hydra --resolve` resolves the hydra node against the whole config
+    (its run directory names `run_root` and the run id)."""
+    # here, not at the top: `--help` stays fast; validating loads the runtime (torch)
+    from hydra.core.hydra_config import HydraConfig
+    from experiments.config import validate_config
+
+    check(argv)
+    args, _ = get_args_parser().parse_known_args(normalized(argv))
+    loader = config_loader(args.config_dir)
+    cfg = loader.load_configuration(args.config_name or "config", list(args.overrides), RunMode.RUN)
+    validate_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+    HydraConfig.instance().set_config(cfg)
+    shown = OmegaConf.to_container(cfg, resolve=bool(args.resolve))
+    if args.cfg == "job":
+        shown.pop("hydra", None)
+    elif args.cfg == "hydra":
+        shown = {"hydra": shown["hydra"]}
+    if args.package:
+        shown = OmegaConf.select(OmegaConf.create(shown), args.package)
+        shown = OmegaConf.to_container(shown) if isinstance(shown, (DictConfig, ListConfig)) else shown
+    print(OmegaConf.to_yaml(shown) if isinstance(shown, dict | list) else shown, end="")
+
+
+#: The keys people change most, with what each is; `help_text` shows their defaults from conf/config.yaml.
+COMMON_KEYS = (
+    ("seed", "the run's seed (data order, initialisation, sampling)"),
+    ("train.steps", "optimizer steps"),
+    ("train.lr", "peak learning rate"),
+    ("benchmark.split", "dev (every choice) or test (final numbers, each read logged)"),
+    ("eval.max_target_problems", "evaluate the first N coding problems only (null: all)"),
+    ("eval.scales", "scales of the trained update the run is evaluated at (1: as trained)"),
+    ("run_root", "where run directories go (<run_root>/<run_id>)"),
+    ("reuse_training_from", "run roots whose trained models a run evaluates instead of training again"),
+    ("rerun_before", "a commit: runs recorded by older code run again"),
+    ("hydra.launcher.jobs", "runs at a time on this machine (local launcher)"),
+)
+#: Groups with more options than this are shown as a count and their name prefixes.
+HELP_LISTED = 24
+
+
+def help_text(config_dir: str | None = None) -> str:
+    """`python run.py --help`: usage, the config groups with their options (read from conf/), the keys people
+    change most with their defaults, and where the rest is documented."""
+    loader = config_loader(config_dir)
+    cfg = loader.load_configuration("config", [], RunMode.RUN)
+    lines = ["python run.py [--plan] [-m] [KEY=VALUE ...]",
+             "",
+             "  Trains and evaluates one run (or, with -m, a sweep over comma-separated values) into <run_root>/<run_id>;",
+             "  a complete run is skipped, an interrupted one resumes. --plan lists what a launch would do and runs",
+             "  nothing; --cfg job prints the composed config (validated); --hydra-help shows Hydra's own flags.",
+             "",
+             "Config groups (GROUP=OPTION; -m GROUP=A,B sweeps):"]
+    groups = [g for g in loader.list_groups("") if g != "hydra"] + ["hydra/launcher"]
+    width = max(map(len, groups))
+    for group in groups:
+        options = sorted(loader.get_group_options(group))
+        if len(options) <= HELP_LISTED:
+            shown = ", ".join(options)
+        else:
+            prefixes = sorted({o.split("_")[0] for o in options})
+            shown = f"{len(options)} options ({', '.join(p + '_*' for p in prefixes)}; listed in conf/{group}/)"
+        lines.extend(_wrapped(f"  {group:<{width}}  ", shown))
+    lines += ["", "Keys people change most (KEY=VALUE):"]
+    width = max(len(k) for k, _ in COMMON_KEYS)
+    for key, what in COMMON_KEYS:
+        default = OmegaConf.select(cfg, key, default="?")
+        if key.startswith("hydra.launcher."):
+            default = OmegaConf.select(cfg, key, default=1)
+        if isinstance(default, (DictConfig, ListConfig)):
+            default = OmegaConf.to_container(default)
+        shown = json.dumps(default) if isinstance(default, (list, dict)) or default is None else default
+        lines.append(f"  {key:<{width}}  {what}; default {shown}")
+    lines += ["", "Every key with its default: python run.py --cfg job. Examples:",
+              "  python run.py benchmark.split=dev                 # the default ATLAS run on the micro benchmark",
+              "  python run.py --plan -m method=atlas,lora seed=0,1,2",
+              "  python run.py -m experiment=micro_main hydra.launcher.jobs=2"]
+    return "\n".join(lines)
+
+
+def _wrapped(head: str, text: str, width: int = 118) -> list[str]:
+    """`head` + `text` wrapped at `width` columns, continuation lines indented under the text."""
+    return textwrap.wrap(text, width=width, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_on_hyphens=False) or [head.rstrip()]
 
 
 def exit_on_error(argv: Sequence[str]) -> None:

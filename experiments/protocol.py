@@ -5,7 +5,7 @@ goes on from where the records leave off, until every run of the preset is compl
     python -m experiments.protocol plan micro_main                               # the plan only (or --dry-run)
     python -m experiments.protocol micro_main run_root=results/main --hours 1.5 --commit
 
-The plan (experiments/protocol_plan.py) lists the preset's runs as `python run.py -m +experiment=PRESET OVERRIDES`
+The plan (experiments/protocol_plan.py) lists the preset's runs as `python run.py -m experiment=PRESET OVERRIDES`
 would, marks each complete or pending by its record, estimates each pending run's wall time from finished records
 (experiments/run_estimates.py) and takes the pending runs, in launch order, that fit in `--hours` (at least one).
 Each runs as `python run.py <its overrides>`, one after another, its console output in

@@ -1,4 +1,4 @@
-"""A preset's runs as a plan in chunks: the jobs `python run.py -m +experiment=PRESET OVERRIDES` would launch, each
+"""A preset's runs as a plan in chunks: the jobs `python run.py -m experiment=PRESET OVERRIDES` would launch, each
 marked complete or pending by the records under its run root, with estimated wall times, and the next chunk of
 pending runs that fits a time budget (experiments/protocol.py runs it).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from hydra.core.utils import filter_overrides
 from hydra.types import RunMode
@@ -106,7 +106,7 @@ def run_root_of(preset: str, overrides: Sequence[str] = ()) -> Path:
     """The run root of the preset's first job (`run_root` as `python run.py` composes it), without composing the
     others: where the protocol's records go, known before it is expanded."""
     check_overrides(preset, overrides)
-    jobs = command_line.multirun_jobs([f"+experiment={preset}", *overrides])
+    jobs = command_line.multirun_jobs([f"experiment={preset}", *overrides])
     cfg = command_line.config_loader().load_configuration("config", jobs[0], RunMode.RUN)
     return Path(str(OmegaConf.select(cfg, "run_root")))
 
@@ -121,16 +121,16 @@ def error_lines(errors: Sequence[tuple[int, str, str]]) -> list[str]:
 
 
 def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
-    """The runs of `python run.py -m +experiment=PRESET OVERRIDES`, in launch order, one per run id. Raises
+    """The runs of `python run.py -m experiment=PRESET OVERRIDES`, in launch order, one per run id. Raises
     ConfigError (one line) for a bad preset, override or job config: nothing runs then."""
     # here, not at the top: the runtime (torch) loads only once the command line is checked
-    from experiments.config import resolved_train, validate_config
+    from experiments.config import validate_config
     from experiments.job import USER_ERRORS
-    from experiments.methods import method_class, required_refinement, required_scales
+    from experiments.methods import method_class
     from experiments.run_dir import check_folder
 
     check_overrides(preset, overrides)
-    argv = [f"+experiment={preset}", *overrides]
+    argv = [f"experiment={preset}", *overrides]
     jobs = command_line.multirun_jobs(argv)
     loader = command_line.config_loader()
     runs, errors, seen, roots_seen = [], [], set(), set()
@@ -139,7 +139,7 @@ def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
         try:
             typed = validate_config(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
             resolved = OmegaConf.to_container(typed, resolve=True)
-            trains = method_class(typed.method._target_).trains
+            method_class(typed.method._target_)
         except USER_ERRORS as exc:
             errors.append((index, label, str(exc)))
             continue
@@ -148,14 +148,7 @@ def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
         if run_id in seen:  # overrides that do not change the science give one run
             continue
         seen.add(run_id)
-        run_dir = Path(str(typed.run_root)) / run_id
-        steps = resolved_train(typed).steps if trains else 0
-        roots = [Path(str(r)) for r in typed.reuse_training_from]
-        reuses = bool(roots and steps > 0 and reuse.find_donor(roots, run_identity.training_id_of(resolved), steps,
-                                                                run_dir, typed.rerun_before))
-        runs.append(ProtocolRun(index, tuple(job), label, run_id, run_dir,
-                                kind_of(run_identity.scientific_config(resolved)), trains,
-                                tuple(required_scales(typed)), typed.rerun_before, reuses, required_refinement(typed)))
+        runs.append(protocol_run(index, job, label, typed))
     if errors:
         raise ConfigError(f"{len(errors)} of {len(jobs)} jobs of {preset} have an invalid config; nothing runs:\n"
                           + "\n".join(error_lines(errors)))
@@ -164,6 +157,24 @@ def expand(preset: str, overrides: Sequence[str] = ()) -> Protocol:
     root = Path(roots_seen.pop())
     check_folder("run_root", root)
     return Protocol(preset, tuple(overrides), root, runs)
+
+
+def protocol_run(index: int, job: Sequence[str], label: str, typed: Any) -> ProtocolRun:
+    """The `ProtocolRun` of job `index` (overrides `job`) whose validated config is `typed`."""
+    # here, not at the top: the runtime (torch) loads only once the command line is checked
+    from experiments.config import resolved_train
+    from experiments.methods import method_class, required_refinement, required_scales
+
+    resolved = OmegaConf.to_container(typed, resolve=True)
+    run_id = run_identity.run_id_of(resolved)
+    trains = method_class(typed.method._target_).trains
+    run_dir = Path(str(typed.run_root)) / run_id
+    steps = resolved_train(typed).steps if trains else 0
+    roots = [Path(str(r)) for r in typed.reuse_training_from]
+    reuses = bool(roots and steps > 0 and reuse.find_donor(roots, run_identity.training_id_of(resolved), steps,
+                                                            run_dir, typed.rerun_before))
+    return ProtocolRun(index, tuple(job), label, run_id, run_dir, kind_of(run_identity.scientific_config(resolved)),
+                       trains, tuple(required_scales(typed)), typed.rerun_before, reuses, required_refinement(typed))
 
 
 def pools(run_root: Path) -> list[Pool]:

@@ -14,6 +14,7 @@ falling back to filelock's marker-file lock, which a killed process would leave 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -55,6 +56,25 @@ def holder(run_dir: Path) -> str:
         return f"pid {who['pid']} on {who['host']} (since {who['started']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
+
+
+def is_held(run_dir: Path) -> bool:
+    """Whether a live process holds `<run_dir>/.run.lock` now (tried without blocking and let go at once; a run
+    directory without a lock file is not held, and none is created)."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ MAY_IMPORT = {
     "atlas": {"experiments", "suite_schema"},
     "baselines": {"experiments", "suite_schema"},
     "hydra_plugins": {"experiments", "suite_schema"},
-    "run": {"experiments"},
+    "run": {"experiments", "hydra_plugins"},
     "tools": {"experiments", "sandbox", "suite_schema"},
     "bench": {"atlas", "baselines", "experiments", "sandbox", "suite_schema"},
 }

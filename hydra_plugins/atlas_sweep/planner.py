@@ -44,6 +44,7 @@ import experiments
 from experiments import exit_codes, records, rerun, run_lock
 from experiments.log import console
 from experiments.run_id import register_run_id_resolver
+from experiments.run_summary import summary_row, table_lines
 from experiments.validation import ConfigError, not_allowed
 from suite_schema import layout, run_identity
 
@@ -312,10 +313,20 @@ def summarise(plan: Sequence[PlannedRun], folder: Optional[Path], launcher: str)
         "counts": counts,
         "runs": [{"index": r.index, "state": r.state or NOT_RUN, "run_id": r.run_id, "run_dir": r.run_dir,
                   "label": label, "overrides": list(filter_overrides(r.overrides)), "reason": r.reason,
-                  "slurm_job_id": r.slurm_job_id}
+                  "slurm_job_id": r.slurm_job_id, "result": _result(r)}
                  for r, label in zip(plan, short_labels([r.overrides for r in plan]))],
     }
     return summary
+
+
+def _short(label: str, limit: int = 40) -> str:
+    return label if len(label) <= limit else label[: limit - 3] + "..."
+
+
+def _result(run: PlannedRun) -> dict:
+    """The numbers of a run whose record is complete (`experiments.run_summary.summary_row`), else {}."""
+    record = records.read_record(Path(run.run_dir))
+    return summary_row(record if record and record.get("run_id") == run.run_id else None)
 
 
 def format_summary(summary: dict) -> str:
@@ -329,6 +340,11 @@ def format_summary(summary: dict) -> str:
         if row["state"] not in (DONE, SKIPPED) and row["reason"]:
             line += f"\n[sweep]               {row['reason']} ({row['run_dir']})"
         lines.append(line)
+    table = table_lines([(_short(row["label"]), row.get("result") or {}) for row in summary["runs"]])
+    if table:
+        lines.append("[sweep] results (pass@1; retained KL in nats/token, headline and per domain; answers changed or "
+                     "choices flipped; seconds):")
+        lines += [f"[sweep]   {line}" for line in table]
     if summary.get("sweep_folder"):
         lines.append(f"[sweep] summary written to {Path(summary['sweep_folder']) / SUMMARY_TXT}")
     return "\n".join(lines)

@@ -99,8 +99,8 @@ def test_the_docs_give_commands_to_check():
     matched nothing would pass every other test here)."""
     commands = {c for _, c in COMMANDS}
     assert len(RUN_COMMANDS) >= 30 and len(ANALYSIS_COMMANDS) >= 20, (len(RUN_COMMANDS), len(ANALYSIS_COMMANDS))
-    for expected in ("python run.py -m +experiment=micro_main",
-                     "python run.py -m +experiment=paper_main hydra/launcher=slurm",
+    for expected in ("python run.py -m experiment=micro_main",
+                     "python run.py -m experiment=paper_main hydra/launcher=slurm",
                      "python -m analysis tune runs_dev --reference lora:train.steps=600 --points 1 --out conf/point "
                      "--prefix micro_1pt"):
         assert expected in commands

@@ -1,5 +1,5 @@
 """The paper's experiments as presets (conf/experiment/*.yaml): each composes, and its multirun expands,
-exactly as `python run.py -m +experiment=NAME` would, into the expected set of valid, distinct runs."""
+exactly as `python run.py -m experiment=NAME` would, into the expected set of valid, distinct runs."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ STALE = {f"+point={p.stem}" for p in (REPO / "conf/point").glob("*.yaml") if "\n
 
 
 def expand(preset: str, *extra: str) -> list[list[str]]:
-    """The per-job override lists of `python run.py -m +experiment=PRESET EXTRA...` (Hydra's basic sweeper)."""
-    return sweep_jobs([f"+experiment={preset}", *extra])
+    """The per-job override lists of `python run.py -m experiment=PRESET EXTRA...` (Hydra's basic sweeper)."""
+    return sweep_jobs([f"experiment={preset}", *extra])
 
 
 _CONFIGS: dict[tuple[str, ...], Any] = {}
@@ -88,7 +88,7 @@ def test_every_preset_has_a_micro_twin_and_a_role():
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_composes_on_the_command_line(preset):
-    proc = run_cli([f"+experiment={preset}", "--cfg", "job"], timeout=120)
+    proc = run_cli([f"experiment={preset}", "--cfg", "job"], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "backbone:" in proc.stdout and "method:" in proc.stdout
 
@@ -245,7 +245,7 @@ def test_presets_sharing_the_main_runs_evaluate_its_scales(family):
     assert len(scales) == 1 and len(next(iter(scales))) > 1
     for preset in (f"{family}_backbones", f"{family}_ablations"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # the preset's own eval.scales
-            assert tuple(compose("config", overrides=[f"+experiment={preset}"]).eval.scales) in scales, preset
+            assert tuple(compose("config", overrides=[f"experiment={preset}"]).eval.scales) in scales, preset
     main_ids = {run_id_for(c) for c in main}
     on_main_backbone = [job for job in expand(f"{family}_backbones") if "seed=0" in job
                         and f"backbone={main[0].backbone.name}" in job]  # composing the other backbones adds nothing
@@ -295,7 +295,7 @@ def test_micro_run_ids_are_unchanged():
             for preset in PRESETS if preset.startswith("micro_")}
     now = {"defaults": {"(no overrides)": run_ids_of([[]])[0]}}
     for preset, preset_jobs in jobs.items():
-        now[preset] = {" ".join(sorted(o for o in job if not o.startswith("+experiment="))): run_id
+        now[preset] = {" ".join(sorted(o for o in job if not o.startswith("experiment="))): run_id
                        for job, run_id in zip(preset_jobs, run_ids_of(preset_jobs))}
     assert now == golden
 

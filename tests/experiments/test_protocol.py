@@ -55,7 +55,7 @@ def config_of(method: str, steps: int, backbone: str = "micro", **knobs) -> dict
 
 def test_expansion_is_the_sweeps_jobs_with_the_run_ids_run_py_gives(micro_main):
     root = micro_main.run_root
-    jobs = sweep_jobs(["+experiment=micro_main", f"run_root={root}"])  # Hydra's basic sweeper, as `run.py -m` expands
+    jobs = sweep_jobs(["experiment=micro_main", f"run_root={root}"])  # Hydra's basic sweeper, as `run.py -m` expands
     assert len(micro_main.runs) == len(jobs) == 57
     assert [list(r.overrides) for r in micro_main.runs] == jobs
     assert len({r.run_id for r in micro_main.runs}) == 57

@@ -34,3 +34,22 @@ def test_earlier_records_without_far_items_or_costs():
     lines = summary_lines(record, Path("r.json"))
     assert lines[0].endswith("(mean over domains)") and "far" not in " ".join(lines)
     assert lines[-1] == "record r.json"
+
+
+def test_a_sweep_table_row_per_run_with_dashes_where_a_run_has_no_number():
+    from experiments.run_summary import summary_row, table_lines
+
+    done = dict(_record(True), status="complete")
+    row = summary_row(done)
+    assert row == {"pass@1": 0.5606, "KL": 0.2471, "math KL": 0.0801, "math far KL": 0.0957, "math changed": 0.5,
+                   "commonsense KL": 0.4196, "commonsense far KL": 0.3929, "commonsense changed": 0.068,
+                   "train s": 169.4, "eval s": 21.5}
+    assert summary_row(dict(done, status="failed")) == {} and summary_row(None) == {}
+    lines = table_lines([("method=atlas", row), ("method=lora", {})])
+    assert len(lines) == 3 and lines[0].split() == ["pass@1", "KL", "math", "KL", "math", "far", "KL", "math",
+                                                    "changed", "commonsense", "KL", "commonsense", "far", "KL",
+                                                    "commonsense", "changed", "train", "s", "eval", "s"]
+    assert lines[1].split() == ["method=atlas", "0.5606", "0.2471", "0.0801", "0.0957", "50.0%", "0.4196", "0.3929",
+                                "6.8%", "169", "22"]
+    assert lines[2].split() == ["method=lora"] + ["-"] * 10
+    assert table_lines([("a", {}), ("b", {})]) == []

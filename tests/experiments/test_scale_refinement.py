@@ -136,7 +136,7 @@ def test_the_dense_fronts_presets_refine_alike():
     presets = [p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml")
                if "/eval/scales: fronts" in p.read_text()]
     assert len(presets) >= 6
-    settings = {json.dumps(required_refinement(validate_config(composed(f"+experiment={p}"))), sort_keys=True)
+    settings = {json.dumps(required_refinement(validate_config(composed(f"experiment={p}"))), sort_keys=True)
                 for p in presets}
     assert settings == {json.dumps({"max_evals": 12, "max_gap": 0.05, "min_width": 1 / 64}, sort_keys=True)}
 
