@@ -369,20 +369,22 @@ class Job:
                              self.typed.backbone.chat_template)
 
     def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, **costs: Any) -> dict:
-        """Evaluate `model` as it is now and write its code samples and complete record into `out_dir`."""
+        """Evaluate `model` as it is now and write its code samples, retained samples and complete record into
+        `out_dir`."""
         record = self.measure(model, out_dir, fields, **costs)
         records.atomic_write_json(out_dir / layout.RECORD_NAME, record)
         return record
 
     def measure(self, model: torch.nn.Module, out_dir: Path, fields: dict, *, summary: dict, stored_bytes: int,
                 result: Optional[TrainResult]) -> dict:
-        """Evaluate `model` as it is now, write its code samples into `out_dir` and return its complete record
-        (not written)."""
+        """Evaluate `model` as it is now, write its code samples and retained samples into `out_dir` and return its
+        complete record (not written)."""
         base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
         metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
                                self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
         records.atomic_write_json(out_dir / layout.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
+        records.atomic_write_json(out_dir / layout.RETAINED_SAMPLES_NAME, metrics.pop("retained_samples", []))
         timing = metrics.pop("timing", {})
         record = {
             **self.base_record, **fields,

@@ -14,6 +14,8 @@ from typing import Any, Optional
 RECORD_NAME = "record.json"
 #: Every code completion of an evaluation with its sandbox verdict, next to the record it belongs to.
 CODE_SAMPLES_NAME = "code_samples.json"
+#: What the model answered on every retained item, base beside it (`suite_schema.retained_samples`), next to the record.
+RETAINED_SAMPLES_NAME = "retained_samples.json"
 #: A run's records at post-hoc scales other than 1: <run_dir>/scales/<alpha>/record.json.
 SCALES_DIR = "scales"
 SUPERSEDED_DIR = "superseded"  # <run_dir>/superseded/<sha12>/: records of a run made again by newer code

@@ -13,6 +13,9 @@ frozen base (`reference_cache.get_reference`):
   (`choice_flip_rate`, `choice_flip_rate_norm`), and both models' accuracy (raw and normalised);
 - `per_item`: each item's summed KL and token count (for statistics over items).
 
+`retained_samples` (not a metric) holds, per near and far item, what the base and the adapted model answered
+(`suite_schema.retained_samples`), which `experiments.job` stores next to the record.
+
 Every rate is a dict carrying its `n`. `retained_kl_mean` is the headline (`headline_kl`). Code: pass@1 from one
 greedy completion per problem (`per_problem`: each problem's pass); pass@k (k > 1) from `n_samples`
 sampled completions with the unbiased estimator; every completion is checked in the sandbox, its
@@ -46,6 +49,7 @@ from experiments.evaluation.retained_kl import retained_kl
 from experiments.evaluation.scoring import score_choices
 from experiments.progress import progress_bar
 from sandbox import check_solutions, isolation_report
+from suite_schema import retained_samples as RS
 
 
 def evaluate_run(
@@ -63,7 +67,8 @@ def evaluate_run(
     `model` is the adapted model; `base_model` the separately loaded frozen base, or a
     zero-argument callable returning it. Besides the metrics, `timing` holds where the time went
     and `code_samples` every code completion with its sandbox verdict (task id, greedy or sample,
-    completion, status, reason), which `experiments.job` stores next to the record.
+    completion, status, reason), which `experiments.job` stores next to the record, and `retained_samples` what the
+    base and the adapted model answered on every near and far retained item (`suite_schema.retained_samples`).
     """
     require_eval_config(cfg)
     t_start = time.perf_counter()
@@ -76,8 +81,10 @@ def evaluate_run(
     timing["reference_build_s"] = 0.0 if ref.stats["hit"] else float(ref.stats["build_s"])
     timing["reference_cold_build_s"] = float(ref.stats["build_s"])
 
-    near, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "evaluation")
-    far, far_s = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "far")
+    retained_samples: list[dict] = []
+    near, timing["kl_s"] = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "evaluation",
+                                     retained_samples)
+    far, far_s = _retained(model, tokenizer, ref, cfg, chat_template, progress, timing, "far", retained_samples)
     timing["kl_s"] += far_s
     samples: list[dict] = []
     target = _target(model, tokenizer, benchmark, cfg, chat_template, progress, timing, samples)
@@ -96,6 +103,7 @@ def evaluate_run(
     timing["total_s"] = time.perf_counter() - t_start
     out["timing"] = timing
     out["code_samples"] = samples
+    out["retained_samples"] = retained_samples
     return out
 
 
@@ -143,9 +151,11 @@ def headline_kl(near: dict, far: dict) -> float:
     return (domain_mean_kl(near) + domain_mean_kl(far)) / 2
 
 
-def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing, split: str):
+def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_template, progress, timing, split: str,
+              samples: list):
     """Retained metrics per domain on `split` (`evaluation`: near items, `far`: far items; domains without that
-    split are left out) and the seconds spent in KL."""
+    split are left out) and the seconds spent in KL; appends each item's answers to `samples`."""
+    set_name = "near" if split == "evaluation" else "far"
     pad_id = pad_token_id(tokenizer)
     kl_s = 0.0
     retained: dict[str, dict] = {}
@@ -171,6 +181,8 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
             entry["answer_change_rate"] = answer_change_rate(ev.greedy_answers, adapted_answers)
             entry["base_accuracy"] = accuracy(ev.greedy_answers, gold)
             entry["adapted_accuracy"] = accuracy(adapted_answers, gold)
+            samples += RS.math_samples(set_name, name, ev.items, gold, ev.greedy_answers, adapted_answers,
+                                       adapted.texts, ev.greedy_texts)
         elif dom.kind == "choice":
             scores = score_choices(model, tokenizer, ev.items, chat_template=chat_template,
                                    batch_size=cfg.scoring_batch_size, progress=progress)
@@ -181,6 +193,8 @@ def _retained(model, tokenizer, ref: ReferenceCache, cfg: EvalConfig, chat_templ
             entry["adapted_accuracy"] = accuracy(scores.choice, gold)
             entry["base_accuracy_norm"] = accuracy(ev.choice_norm, gold)
             entry["adapted_accuracy_norm"] = accuracy(scores.choice_norm, gold)
+            samples += RS.choice_samples(set_name, name, ev.items, ev.choice, scores.choice, ev.choice_norm,
+                                         scores.choice_norm)
         else:
             raise ValueError(f"retained domain {name!r}: kind {dom.kind!r}; allowed: math, choice")
         entry["per_item"] = kl["per_item"]

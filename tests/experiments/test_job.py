@@ -12,6 +12,7 @@ import pytest
 
 from experiments import records
 from suite_schema.layout import RECORD_NAME
+from suite_schema.retained_samples import read_retained_samples
 from tests.conftest import REPO, mounted_tmpfs, run_cli, tiny_overrides
 
 
@@ -143,6 +144,14 @@ def metrics_of(run_dir):
     return found
 
 
+def retained_samples_of(run_dir):
+    """The stored retained samples of a run and of each of its post-hoc scales."""
+    found = {"1": read_retained_samples(run_dir)}
+    for path in sorted(run_dir.glob("scales/*/" + RECORD_NAME)):
+        found[path.parent.name] = read_retained_samples(path.parent)
+    return found
+
+
 @pytest.mark.slow
 def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_uninterrupted_result(overrides,
                                                                                                  tmp_path):
@@ -154,6 +163,8 @@ def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_un
     assert straight.returncode == 0, straight.stderr[-3000:]
     expected = metrics_of(only_run_dir(tmp_path / "straight"))
     assert set(expected) == {"1", "0.5"}
+    samples = retained_samples_of(only_run_dir(tmp_path / "straight"))
+    assert set(samples) == {"1", "0.5"} and all(samples.values())
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         root = tmp_path / signum.name
@@ -181,6 +192,7 @@ def test_a_signal_or_a_kill_during_evaluation_then_the_same_command_gives_the_un
         assert not records.partial_files(run_dir)
         assert record_of(root)["status"] == "complete"
         assert metrics_of(run_dir) == expected, signum.name
+        assert retained_samples_of(run_dir) == samples, signum.name
 
 
 @pytest.fixture

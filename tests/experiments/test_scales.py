@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from suite_schema.layout import RECORD_NAME
+from suite_schema.layout import CODE_SAMPLES_NAME, RECORD_NAME, RETAINED_SAMPLES_NAME
+from suite_schema.retained_samples import read_retained_samples
 from tests.conftest import run_cli, tiny_overrides
 
 
@@ -19,6 +20,41 @@ def args(tiny_backbone_dir, tiny_benchmark_dir, tmp_path):
 
 def _records(root):
     return {r["run_id"]: r for r in (json.loads(p.read_text()) for p in sorted(root.rglob(RECORD_NAME)))}
+
+
+def check_retained_samples(record_dir, record):
+    """`retained_samples.json` next to a record: one entry per near and far item of each domain, holding the item's
+    question and gold, as many marked changed as the record's rates count; the record does not hold them."""
+    from omegaconf import OmegaConf
+
+    from experiments.config import BenchmarkConfig
+    from experiments.data.benchmark import build_benchmark
+    from experiments.evaluation.answers import extract_math_answer
+
+    assert (record_dir / CODE_SAMPLES_NAME).is_file() and (record_dir / RETAINED_SAMPLES_NAME).is_file()
+    assert "retained_samples" not in record["metrics"]
+    samples = read_retained_samples(record_dir)
+    bench_cfg = OmegaConf.merge(OmegaConf.structured(BenchmarkConfig), record["config"]["benchmark"])
+    bench_cfg.data_root = None  # not in a record; the tiny benchmark's paths are absolute
+    bench = build_benchmark(bench_cfg)
+    seen = []
+    for set_name, key, split in (("near", "retained_near", "evaluation"), ("far", "retained_far", "far")):
+        for name, entry in record["metrics"][key].items():
+            dom = bench.retained[name]
+            mine = [e for e in samples if (e["set"], e["domain"]) == (set_name, name)]
+            items = getattr(dom, split)
+            assert len(mine) == entry["n"] == len(items) > 0
+            assert [e["prompt"] for e in mine] == [item["question"] for item in items]
+            if dom.kind == "math":
+                assert [e["gold"] for e in mine] == [extract_math_answer(item["answer"]) for item in items]
+                rate = entry["answer_change_rate"]
+            else:
+                assert [e["gold"] for e in mine] == [item["answer_index"] for item in items]
+                rate = entry["choice_flip_rate"]
+            assert sum(e["changed"] for e in mine) == round(rate["rate"] * rate["n"])
+            seen += mine
+    assert seen == samples  # near before far, nothing else
+    return samples
 
 
 @pytest.mark.slow
@@ -41,6 +77,11 @@ def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path)
     assert at0["metrics"]["retained_kl_mean"] < 1e-6 < at05["metrics"]["retained_kl_mean"]
     assert main["metrics"]["retained_kl_mean"] > 1e-6
     assert (tmp_path / "runs" / run_id / "scales" / "0" / RECORD_NAME).exists()
+    run_dir = tmp_path / "runs" / run_id
+    stored = {alpha: check_retained_samples(run_dir / sub, recs[rid]) for alpha, sub, rid in (
+        (1.0, ".", run_id), (0.0, "scales/0", f"{run_id}@0"), (0.5, "scales/0.5", f"{run_id}@0.5"))}
+    # Scale 0 is the base: its greedy texts are the base's own.
+    assert all(e["adapted_text"] == e["base_text"] for e in stored[0.0] if e["kind"] == "math")
 
     # More scales later: only the new one is evaluated, training resumes at its last step (no steps).
     second = run_cli(args("eval.scales=[0,0.25,0.5,1]"))
@@ -51,6 +92,8 @@ def test_scales_write_one_record_each_and_scale_zero_is_the_base(args, tmp_path)
     recs2 = _records(tmp_path / "runs")
     assert set(recs2) == {run_id, f"{run_id}@0", f"{run_id}@0.25", f"{run_id}@0.5"}
     assert recs2[f"{run_id}@0"] == at0  # untouched
+    assert read_retained_samples(run_dir / "scales" / "0") == stored[0.0]
+    check_retained_samples(run_dir / "scales" / "0.25", recs2[f"{run_id}@0.25"])
     assert recs2[run_id]["train"]["losses"] == main["train"]["losses"]
 
     third = run_cli(args("eval.scales=[0.25,1]"))

@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 from test_reference_cache import fake_benchmark
 
 import experiments.evaluation.evaluate as ev
+from experiments.evaluation.answers import extract_math_answer
 from experiments.evaluation.config import (
     CACHE_ENV,
     EvalConfig,
@@ -224,3 +225,85 @@ def test_headline_kl_weighs_near_and_far_and_each_domain_equally():
     far = {"math": {"kl_token_mean": 0.5}, "commonsense": {"kl_token_mean": 0.1}}
     assert headline_kl(near, far) == pytest.approx((0.2 + 0.3) / 2)
     assert headline_kl(near, {}) == pytest.approx(0.2)  # no far items: the near mean, as every earlier record
+
+
+def bench_with_far():
+    """`fake_benchmark` with far items in both domains (two math, one choice) and no code problems."""
+    b = fake_benchmark()
+    b.retained["math"].far = [{"question": "What is 20 + 5?", "answer": "20 + 5 = 25\n#### 25"},
+                              {"question": "What is 8 - 8?", "answer": "8 - 8 = 0\n#### 0"}]
+    b.retained["commonsense"].far = [{"question": "Where do fish swim?", "choices": ["ocean", "bedroom"],
+                                      "labels": ["A", "B"], "answer_index": 0}]
+    b.target_eval = PROBLEMS[:1]
+    return b
+
+
+def check_samples_against_record(res, bench):
+    """One entry per near and far item per domain, in benchmark order, with the item's question and gold; the
+    entries marked changed are as many as the record's rates count."""
+    samples = res["retained_samples"]
+    expected = [(s, name, i) for s, split in (("near", "evaluation"), ("far", "far"))
+                for name, dom in bench.retained.items() for i in range(len(getattr(dom, split)))]
+    assert [(e["set"], e["domain"], e["index"]) for e in samples] == expected
+    for e in samples:
+        dom = bench.retained[e["domain"]]
+        item = (dom.evaluation if e["set"] == "near" else dom.far)[e["index"]]
+        assert e["prompt"] == item["question"] and e["kind"] == dom.kind and e["id"] == item.get("id")
+        if dom.kind == "math":
+            assert e["gold"] == extract_math_answer(item["answer"])
+            assert e["changed"] == (e["base_answer"] != e["adapted_answer"])
+            assert e["adapted_answer"] == extract_math_answer(e["adapted_text"])
+            assert e["base_answer"] == extract_math_answer(e["base_text"])
+        else:
+            assert e["gold"] == item["answer_index"] and e["choices"] == item["choices"]
+            assert e["changed"] == (e["base_choice"] != e["adapted_choice"])
+    json.dumps(samples, allow_nan=False)  # stored as plain JSON
+    for set_name, key in (("near", "retained_near"), ("far", "retained_far")):
+        for name, entry in res[key].items():
+            rate = entry["answer_change_rate" if bench.retained[name].kind == "math" else "choice_flip_rate"]
+            mine = [e for e in samples if e["set"] == set_name and e["domain"] == name]
+            assert len(mine) == rate["n"] == entry["n"]
+            assert sum(e["changed"] for e in mine) == round(rate["rate"] * rate["n"])
+            if bench.retained[name].kind == "choice":
+                norm = entry["choice_flip_rate_norm"]
+                assert sum(e["base_choice_norm"] != e["adapted_choice_norm"] for e in mine) == round(norm["rate"] * norm["n"])
+    return samples
+
+
+def test_retained_samples_hold_each_items_answers_and_agree_with_the_rates(lm, tmp_path, monkeypatch):
+    """A perturbed model: the samples agree with whatever the rates say. Then answers forced to differ on chosen
+    items: exactly those items are marked changed, with the base's stored answers beside the new ones."""
+    model, tok = lm
+    bench, cfg = bench_with_far(), _cfg(tmp_path)
+    adapted = perturbed_copy(model, tok, scale=0.5, seed=4)
+    check_samples_against_record(
+        ev.evaluate_run(adapted, model, tok, bench, cfg, "tiny/e2e", chat_template=False, progress=False), bench)
+
+    ref = ev.get_reference(model, tok, bench, cfg, "tiny/e2e", False)
+    base_text = {p: t for dom in ref.domains.values() for sp in ("evaluation", "far")
+                 for p, t in zip(dom.split(sp).prompts, dom.split(sp).greedy_texts or [])}
+    real_generate, real_score = ev._timed_generate, ev.score_choices
+
+    def generate(timing, m, t, prompts, **kw):  # math: item 1 of each split answers 12345, the others as the base
+        if not kw.get("desc", "").startswith("greedy"):
+            return real_generate(timing, m, t, prompts, **kw)
+        texts = ["#### 12345" if i == 1 else base_text[p] for i, p in enumerate(prompts)]
+        return GenerationOutput(texts=texts, token_ids=[[1]] * len(texts), stopped=[True] * len(texts))
+
+    def score(m, t, items, **kw):  # choice: item 0 of each split picks the next choice, the others as the base
+        out = real_score(m, t, items, **kw)
+        out.choice = [(c + 1) % len(it["choices"]) if i == 0 else c for i, (c, it) in enumerate(zip(out.choice, items))]
+        return out
+
+    monkeypatch.setattr(ev, "_timed_generate", generate)
+    monkeypatch.setattr(ev, "score_choices", score)
+    res = ev.evaluate_run(model, model, tok, bench, cfg, "tiny/e2e", chat_template=False, progress=False)
+    samples = check_samples_against_record(res, bench)
+    changed = [(e["set"], e["domain"], e["index"]) for e in samples if e["changed"]]
+    assert changed == [("near", "math", 1), ("near", "commonsense", 0), ("far", "math", 1), ("far", "commonsense", 0)]
+    near_math = [e for e in samples if e["set"] == "near" and e["domain"] == "math"]
+    assert [e["base_text"] for e in near_math] == ref.domains["math"].evaluation.greedy_texts
+    assert near_math[1]["adapted_answer"] == "12345" and near_math[1]["adapted_text"] == "#### 12345"
+    assert near_math[0]["adapted_text"] == near_math[0]["base_text"]
+    assert res["retained_near"]["math"]["answer_change_rate"] == {"rate": pytest.approx(1 / 3), "n": 3}
+    assert res["retained_far"]["commonsense"]["choice_flip_rate"] == {"rate": 1.0, "n": 1}
