@@ -194,8 +194,8 @@ def gain_range(df: pd.DataFrame, backbone: str, benchmark: str,
                reference: "str | Reference" = DEFAULT_REFERENCE) -> tuple[float, float]:
     """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (`base_pass1`; ValueError without base
     runs) and the reference point's mean over its seeds (`reference_pass1`), not below lo."""
-    lo = base_pass1(df, backbone, benchmark)
     hi = reference_pass1(df, backbone, benchmark, reference)
+    lo = base_pass1(df, backbone, benchmark)
     return lo, max(lo, hi)
 
 
