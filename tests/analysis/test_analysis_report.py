@@ -166,7 +166,7 @@ def test_report_tables_hold_the_known_values(report):
     assert "**0.0523 ± 0.0063** |" in main_md
     assert "linearly interpolated to the level along each training run's post-hoc scale curve" in main_md
     assert "| EWC | retained prompts | 3 | 0.0413 ± 0.0038 | not reached (0/3 seeds) | not reached (0/3 seeds) |" in main_md
-    assert "Levels on micro (gain of LoRA (train.steps=900) over the base model: from 0.100 to 0.380)" in main_md
+    assert "Levels on micro (gain of LoRA (train.steps=900) over the base model: pass@1 from 0.100 to 0.380)" in main_md
     assert r"\toprule" in (out / "tables" / "main.tex").read_text()
     points = (out / "data" / "pareto_points.csv").read_text().splitlines()
     assert points[0].startswith("domain,backbone,benchmark,method,sweep_key")
