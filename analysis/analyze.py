@@ -24,7 +24,9 @@ class Analysis:
     reference: MT.Reference          # the sweep point `gain:` levels are shares of
     domains: list[str]
     groups: list[tuple[str, str]]    # (backbone, benchmark), sorted
-    thresholds: pd.DataFrame         # backbone, benchmark, level, level_spec, threshold, gain_lo, gain_hi, reference
+    # backbone, benchmark, level, level_spec, threshold, gain_lo, gain_hi (the reference's pass@1 raised to gain_lo when
+    # lower), reference, reference_pass1 (the reference's pass@1 as measured)
+    thresholds: pd.DataFrame
     points: pd.DataFrame             # sweep points of every domain ("mean" and each retained domain)
     matched_seed: pd.DataFrame       # per seed, KL averaged over domains, every level, trained methods
     matched: pd.DataFrame            # its summary over seeds
@@ -110,12 +112,13 @@ def analyze(
     gains = any(level.kind == "gain" for level in lv)
     for bb, bench in groups:
         lo, hi = MT.gain_range(runs, bb, bench, ref) if gains else (float("nan"), float("nan"))
+        measured = MT.reference_pass1(runs, bb, bench, ref) if gains else float("nan")
         for level in lv:
             trows.append({"backbone": bb, "benchmark": bench, "level": level.label, "level_spec": level.spec,
                           "threshold": MT.threshold(level, runs, bb, bench, ref), "gain_lo": lo, "gain_hi": hi,
-                          "reference": ref.spec if gains else ""})
+                          "reference": ref.spec if gains else "", "reference_pass1": measured})
     thresholds = pd.DataFrame(trows, columns=["backbone", "benchmark", "level", "level_spec", "threshold",
-                                              "gain_lo", "gain_hi", "reference"])
+                                              "gain_lo", "gain_hi", "reference", "reference_pass1"])
 
     frames = []
     for dom in ["mean", *doms]:

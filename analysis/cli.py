@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resamples", type=int, default=BT.DEFAULT_RESAMPLES, metavar="N",
                    help="resamples of the bootstrap over code problems and retained items, for records carrying "
                         f"per-problem and per-item results (default: %(default)s; at least {BT.MIN_RESAMPLES})")
+    r.add_argument("--split-incomparable", action="store_true",
+                   help="runs of one backbone and benchmark that differ in split, benchmark version, backbone weights "
+                        "or evaluation sizes form groups of their own, labelled by what differs (refused otherwise)")
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -139,10 +142,10 @@ def _report(args, api) -> int:
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
     reference = MT.parse_reference(args.reference).spec
     command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference,
-                              args.variants, args.resamples)
+                              args.variants, args.resamples, args.split_incomparable)
     kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
                   api=api, command=command, progress=not args.no_progress, reference=reference,
-                  variants=args.variants, resamples=args.resamples)
+                  variants=args.variants, resamples=args.resamples, split_incomparable=args.split_incomparable)
     if args.check:
         diffs = check_report(args.dirs, args.out, **kwargs)
         if diffs:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from analysis import schema
+from experiments.progress import progress_bar
 from suite_schema import layout
 
 # W&B run states -> record status.
@@ -288,7 +288,8 @@ def collect(
     first source in sorted order; the others are listed as duplicates.
     """
     record_paths, bare_dirs = find_records(dirs)
-    entries = [_read(p) for p in tqdm(record_paths, desc="records", unit="record", disable=not progress)]
+    entries = [_read(p) for p in progress_bar(record_paths, desc="records", unit="record",
+                                          disable=not progress or not record_paths)]
     entries += _read_wandb(list(wandb_paths), api)
 
     skipped: list[Skipped] = []

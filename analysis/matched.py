@@ -13,7 +13,7 @@ against each other method over the seeds where both reach c.
 
 Levels are absolute (`0.3`: pass@1 >= 0.3) or relative to the coding gain of a named reference sweep point
 on a backbone (`gain:0.75`: pass@1 >= lo + 0.75 (hi - lo), with lo the base model's mean pass@1 on that backbone
-and benchmark, 0 without base runs, and hi the reference point's mean pass@1 over its seeds). The reference is
+and benchmark (an error without base runs), and hi the reference point's mean pass@1 over its seeds). The reference is
 `METHOD[:KNOB=VALUE,...]` (default `lora`): that method's sweep point at scale 1 with those knob values, which
 must be exactly one point. It depends on nothing else in the table, so adding or removing a method never moves a
 level.
@@ -162,16 +162,40 @@ def reference_point(df: pd.DataFrame, backbone: str, benchmark: str, reference: 
                      f"{points}. Name one, e.g. --reference {ref.method}:{example.replace(' ', '')}")
 
 
+def _split_of(benchmark: str) -> str:
+    name, at, split = str(benchmark).partition("@")
+    return split if at else "test"
+
+
+def base_pass1(df: pd.DataFrame, backbone: str, benchmark: str) -> float:
+    """The base model's mean pass@1 over its runs on one backbone and benchmark. ValueError, saying how to add them,
+    when there are none: a gain level's requirement would otherwise be read from a made-up 0."""
+    g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark) & (df["method"] == M.BASE)]
+    if g.empty:
+        split = _split_of(benchmark)
+        raise ValueError(f"no complete {M.BASE} runs on {backbone}/{benchmark}: gain levels are shares of the coding "
+                         f"gain over the base model's pass@1; add its records (python run.py method={M.BASE} "
+                         f"backbone={backbone} benchmark={str(benchmark).partition('@')[0]}"
+                         + (f" benchmark.split={split}" if split != "test" else "")
+                         + ") or use absolute levels (e.g. --levels 0.3 0.4)")
+    return float(g[schema.TARGET_COL].mean())
+
+
+def reference_pass1(df: pd.DataFrame, backbone: str, benchmark: str,
+                    reference: "str | Reference" = DEFAULT_REFERENCE) -> float:
+    """The reference point's pass@1 on one backbone and benchmark: the mean over its seeds (each seed's runs
+    averaged first), as measured (`gain_range` raises it to the base's when lower)."""
+    key = reference_point(df, backbone, benchmark, reference)
+    g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark) & (df["sweep_key"] == key)]
+    return float(per_seed(g, [schema.TARGET_COL])[schema.TARGET_COL].mean())
+
+
 def gain_range(df: pd.DataFrame, backbone: str, benchmark: str,
                reference: "str | Reference" = DEFAULT_REFERENCE) -> tuple[float, float]:
-    """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (0 without base runs) and the
-    reference point's mean over its seeds (not below lo)."""
-    g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark)]
-    base = g[g["method"] == M.BASE][schema.TARGET_COL]
-    lo = float(base.mean()) if len(base) else 0.0
-    key = reference_point(df, backbone, benchmark, reference)
-    seeds = per_seed(g[g["sweep_key"] == key], [schema.TARGET_COL])
-    hi = float(seeds[schema.TARGET_COL].mean())
+    """(lo, hi) of pass@1 on one backbone and benchmark: the base model's mean (`base_pass1`; ValueError without base
+    runs) and the reference point's mean over its seeds (`reference_pass1`), not below lo."""
+    hi = reference_pass1(df, backbone, benchmark, reference)
+    lo = base_pass1(df, backbone, benchmark)
     return lo, max(lo, hi)
 
 

@@ -40,6 +40,8 @@ class Table:
     absent: Optional[str] = None            # why there is nothing to show
 
     def bold_mask(self) -> list[list[bool]]:
+        """Per cell, whether it is bold: in each `best` column and row group, the best of at least two differing
+        values (cells without a value do not compete)."""
         mask = [[False] * len(r) for r in self.rows]
         groups = self.groups or [""] * len(self.rows)
         for col, direction in self.best.items():
@@ -49,8 +51,9 @@ class Table:
             for idx in by_group.values():
                 vals = [(i, self.rows[i][col].value) for i in idx if self.rows[i][col].value is not None
                         and not math.isnan(self.rows[i][col].value)]
-                # Nothing to single out: a lone row, no competitor, or every competitor tied.
-                if len(idx) < 2 or not vals or (len(vals) > 1 and len({v for _, v in vals}) == 1):
+                # Nothing to single out: fewer than two rows with a value (a lone value beats nobody, e.g. the one
+                # method reaching a level), or every competitor tied.
+                if len(vals) < 2 or len({v for _, v in vals}) == 1:
                     continue
                 target = min(v for _, v in vals) if direction == "min" else max(v for _, v in vals)
                 for i, v in vals:

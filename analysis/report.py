@@ -18,16 +18,18 @@ from typing import Any, Optional, Sequence
 import pandas as pd
 
 from analysis import bootstrap as BT
+from analysis import comparable
 from analysis import figures as figure_render
 from analysis import matched as MT
 from analysis import methods as M
-from analysis import pareto, read_ledger, render
+from analysis import pareto, read_ledger, render, schema
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
 from analysis.schema import PER_ITEM_COL
 from analysis.tables import OPTIONAL, all_tables, group_label
 from analysis.worlds import world_lines
 from analysis.variants import split_variants
+from suite_schema import layout
 
 INDEX = "index.md"
 INDEX_TITLE = "# Analysis report"
@@ -57,7 +59,8 @@ TABLE_TEXT = {
 DATA_TEXT = {
     "runs.csv": "every complete run used (one row per run id, all columns of the collected table)",
     "skipped.csv": "runs left out, with the reason",
-    "thresholds.csv": "the absolute pass@1 requirement of every level on every backbone",
+    "thresholds.csv": "the absolute pass@1 requirement of every level on every backbone; gain levels: the base's mean "
+                      "pass@1 (gain_lo), the reference's (reference_pass1; gain_hi: raised to gain_lo when lower)",
     "pareto_points.csv": "sweep points per domain: seeds, mean and 95% interval of pass@1 and KL, on_frontier",
     "matched_per_seed.csv": "per level, method and seed: reached, KL, chosen sweep point, the pass@1 gap of the two "
                             "measured points the KL was read between (bracket_gap)",
@@ -216,12 +219,15 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
                      "no other method enters a level.")
         lines.append("")
     if len(a.thresholds):
-        lines += ["| Backbone | Benchmark | Level | pass@1 required | base pass@1 | reference pass@1 |",
-                  "|:---|:---|:---|---:|---:|---:|"]
+        gains = any(lv.kind == "gain" for lv in a.levels)
+        ref = f"reference pass@1 ({a.reference.label}, mean over seeds)"
+        lines += ["| Backbone | Benchmark | Level | pass@1 required | "
+                  + (f"base pass@1 (mean over runs) | {_md(ref)} |" if gains else ""),
+                  "|:---|:---|:---|---:|" + ("---:|---:|" if gains else "")]
         for _, r in a.thresholds.iterrows():
-            ends = [render.fmt_num(float(r[c]), 4) if pd.notna(r[c]) else "" for c in ("gain_lo", "gain_hi")]
+            ends = [render.fmt_num(float(r[c]), 4) if pd.notna(r[c]) else "" for c in ("gain_lo", "reference_pass1")]
             lines.append(f"| {_md(r['backbone'])} | {_md(r['benchmark'])} | {_md(r['level'])} | "
-                         f"{render.fmt_num(float(r['threshold']), 4)} | {ends[0]} | {ends[1]} |")
+                         f"{render.fmt_num(float(r['threshold']), 4)} |" + (f" {ends[0]} | {ends[1]} |" if gains else ""))
         lines.append("")
 
     lines += ["## Tables", "", "| Files | Shows |", "|:---|:---|"]
@@ -292,7 +298,8 @@ def _clean_stale(folder: Path, written: set[Path]) -> None:
 
 def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
                     interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE,
-                    variants: Sequence[str] = (), resamples: int = BT.DEFAULT_RESAMPLES) -> str:
+                    variants: Sequence[str] = (), resamples: int = BT.DEFAULT_RESAMPLES,
+                    split_incomparable: bool = False) -> str:
     """The command line that regenerates a report with these arguments."""
     args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
     if any(MT.parse_level(lv).kind == "gain" for lv in levels):
@@ -307,6 +314,8 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
         args += ["--variants", *variants]
     if resamples != BT.DEFAULT_RESAMPLES:
         args += ["--resamples", str(resamples)]
+    if split_incomparable:
+        args.append(comparable.SPLIT_FLAG)
     return shlex.join(args)
 
 
@@ -323,22 +332,26 @@ def write_report(
     reference: str = MT.DEFAULT_REFERENCE,
     variants: Sequence[str] = (),
     resamples: int = BT.DEFAULT_RESAMPLES,
+    split_incomparable: bool = False,
 ) -> Report:
     """Collect, analyse and write every table, figure and data file plus `index.md` into `out`. `variants`: knobs
     whose non-default settings make a method's records a method of their own (`analysis.variants`); `resamples`: of the
     bootstrap over code problems and retained items (`analysis.bootstrap`). A table in `tables.OPTIONAL` with nothing
-    to show is not written; `Report.absent` says why."""
+    to show is not written; `Report.absent` says why. Nothing is written, and ValueError says why in one line, when
+    no record is complete, when runs of one table group are not comparable (`analysis.comparable`; with
+    `split_incomparable` each kind becomes a group of its own) or when a gain level lacks its base or reference runs."""
     BT.check_resamples(resamples)
     folder = Path(out)
     # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
     owned = not folder.exists() or _is_report(folder)
     col = collect(dirs, wandb_paths, api=api, progress=progress)
-    a = analyze(split_variants(col.table, variants), MT.parse_levels(levels), primary, interpolate, reference=reference,
-                resamples=resamples)
+    _require_runs(col, dirs, wandb_paths)
+    runs = comparable.check(split_variants(col.table, variants), split_incomparable)
+    a = analyze(runs, MT.parse_levels(levels), primary, interpolate, reference=reference, resamples=resamples)
     rep = Report(folder, col, a, ledger=read_ledger.read_ledgers(dirs))
     if command is None:
         command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
-                                  a.reference.spec, variants, resamples)
+                                  a.reference.spec, variants, resamples, split_incomparable)
 
     written: list[Path] = []
     tables = []
@@ -354,7 +367,7 @@ def write_report(
     data = {
         "runs.csv": a.runs.drop(columns=[c for c in a.runs.columns
                                          if c.endswith("/accuracy_delta") or c in (pareto.POOLED_KL_COL, PER_ITEM_COL)
-                                         or c in a.variants]),
+                                         or c in a.variants or c in LONG_COLUMNS]),
         "skipped.csv": col.skipped_frame(),
         "thresholds.csv": a.thresholds,
         "pareto_points.csv": a.points,
@@ -389,6 +402,22 @@ def write_report(
     return rep
 
 
+#: Columns of the collected table left out of runs.csv: canonical JSON of whole config sections, compared (not read)
+#: by `analysis.comparable`.
+LONG_COLUMNS = (schema.BENCHMARK_VERSION_COL,)
+
+
+def _require_runs(col: Collection, dirs: Sequence[str], wandb_paths: Sequence[str]) -> None:
+    """ValueError, in one line, when the sources hold no complete record: none found, or every one left out."""
+    where = ", ".join([*map(str, dirs), *(f"wandb:{w}" for w in wandb_paths)])
+    if not col.n_sources and not col.skipped:
+        raise ValueError(f"no records in {where} (searched recursively for {layout.RECORD_NAME}): nothing to report")
+    if col.table.empty:
+        kinds = ", ".join(f"{k}: {n}" for k, n in col.counts().items())
+        raise ValueError(f"no complete record in {where}: all {len(col.skipped)} left out ({kinds}; `python -m "
+                         "analysis collect` lists why): nothing to report")
+
+
 def compare_folders(expected: Path, actual: Path) -> list[str]:
     """Differences between two report folders: files missing on either side or with different bytes."""
     def files(root: Path) -> set[str]:
@@ -410,7 +439,8 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
         levels = [lv.spec for lv in MT.parse_levels(kwargs.get("levels", MT.DEFAULT_LEVELS))]
         kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", True),
                                             kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE),
-                                            kwargs.get("variants", ()), kwargs.get("resamples", BT.DEFAULT_RESAMPLES))
+                                            kwargs.get("variants", ()), kwargs.get("resamples", BT.DEFAULT_RESAMPLES),
+                                            kwargs.get("split_incomparable", False))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:
         write_report(dirs, tmp, **kwargs)

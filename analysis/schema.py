@@ -13,7 +13,9 @@ The record's layout and its validation are `suite_schema.layout` (shared with th
     retained/<domain>/kind (math | choice | other), per_item (`per_item_of`, only for records carrying per-problem or
     per-item results), cost/<field>, train/final_loss, train/steps,
     provenance/git_sha, provenance/git_dirty, provenance/end_time, provenance/machine (CPU model / vector ISA / CUDA
-    device, only for records that carry it), config_key.
+    device, only for records that carry it), config_key,
+    split (the split evaluated), benchmark_version and backbone_version (what the benchmark's data and the backbone's
+    weights were, as canonical JSON; `analysis.comparable` refuses to compare runs that differ in them).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from suite_schema import registry, run_identity
 from suite_schema.layout import (
     ACCURACY_KEYS,
+    EVALUATION_SPLIT,
     RATE_KEYS,
     TRAIN_KNOBS,
     benchmark_label,
@@ -120,6 +123,50 @@ def split_of(record: dict) -> Optional[str]:
     bench = (record.get("config") or {}).get("benchmark")
     value = bench.get("split") if isinstance(bench, dict) else None
     return None if value is None else str(value)
+
+
+def record_split(record: dict) -> str:
+    """The split a record was evaluated on: its `split`, else `config.benchmark.split`, else the split its `benchmark`
+    label names (`name@split`; `EVALUATION_SPLIT` without one)."""
+    value = record.get("split") or split_of(record)
+    if value is not None:
+        return str(value)
+    name, at, split = str(record.get("benchmark", "")).partition("@")
+    return split if at else EVALUATION_SPLIT
+
+
+def _without_nulls(obj: Any) -> Any:
+    """`obj` with null mapping entries dropped, recursively: a key added later with a null default changes nothing."""
+    if isinstance(obj, dict):
+        return {k: _without_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_without_nulls(v) for v in obj]
+    return obj
+
+
+#: The part of `config.benchmark` left out of its version: the split evaluated is compared on its own (`split`).
+VERSION_SKIP = ("split",)
+BENCHMARK_VERSION_COL = "benchmark_version"
+BACKBONE_VERSION_COL = "backbone_version"
+#: `config.backbone` keys that say which weights were loaded.
+BACKBONE_WEIGHTS = ("name", "path", "revision")
+
+
+def benchmark_version(record: dict) -> str:
+    """What a record's benchmark is, as canonical JSON: its `config.benchmark` (data sources, item limits, seed)
+    without `VERSION_SKIP` and null entries; `{}` when the record has none."""
+    bench = (record.get("config") or {}).get("benchmark")
+    bench = {k: v for k, v in bench.items() if k not in VERSION_SKIP} if isinstance(bench, dict) else {}
+    return json.dumps(_without_nulls(bench), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def backbone_version(record: dict) -> str:
+    """Which weights a record's backbone loaded, as canonical JSON: `config.backbone`'s `BACKBONE_WEIGHTS` entries
+    (the record's `backbone` name alone when the config has none)."""
+    bb = (record.get("config") or {}).get("backbone")
+    bb = {k: bb[k] for k in BACKBONE_WEIGHTS if k in bb} if isinstance(bb, dict) else {}
+    return json.dumps(_without_nulls(bb) or {"name": record.get("backbone")}, sort_keys=True, separators=(",", ":"),
+                      default=str)
 
 
 def sweep_key(method: str, backbone: str, benchmark: str, knobs: dict, scale: float) -> str:
@@ -224,4 +271,7 @@ def to_row(record: dict, source: str) -> dict:
     # Everything that defines the science but the seed: runs of one sweep point should share it.
     config = {k: v for k, v in record["config"].items() if k != "seed"}
     row["config_key"] = _digest({"config": config, "scale": scale})
+    row["split"] = record_split(record)
+    row[BENCHMARK_VERSION_COL] = benchmark_version(record)
+    row[BACKBONE_VERSION_COL] = backbone_version(record)
     return row

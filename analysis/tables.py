@@ -73,8 +73,9 @@ def _level_notes(a: Analysis, levels: list[Level]) -> list[str]:
         t = a.thresholds[(a.thresholds["backbone"] == bb) & (a.thresholds["benchmark"] == bench)]
         gain = ""
         if any(lv.kind == "gain" for lv in levels) and len(t):
-            gain = (f" (gain of {a.reference.label} over the base model: from {fmt_num(float(t['gain_lo'].iloc[0]))}"
-                    f" to {fmt_num(float(t['gain_hi'].iloc[0]))})")
+            lo, ref = float(t["gain_lo"].iloc[0]), float(t["reference_pass1"].iloc[0])
+            gain = (f" (gain of {a.reference.label} over the base model: pass@1 from {fmt_num(lo)} to {fmt_num(ref)}"
+                    + ("; none: every gain level is the base's pass@1" if ref <= lo else "") + ")")
         notes.append(f"Levels on {group_label(bb, bench)}{gain}: " + "; ".join(parts) + ".")
     return notes
 
@@ -85,7 +86,8 @@ def _kl_note(a: Analysis, what: str = "retained KL (token mean, averaged over re
            if a.interpolate else "least value among the method's sweep points meeting the level")
     return (f"Cells: {what} at the matched coding requirement, {how}, per seed; mean ± half-width of the "
             f"{int(a.confidence * 100)}% t-interval over seeds. (k/n seeds): only k of n seeds reach the level; "
-            "mean over those, not bold. Bold: lowest among methods reaching the level on every seed.")
+            "mean over those, not bold. Bold: lowest among methods reaching the level on every seed, where at least "
+            "two do (a lone value is not bold).")
 
 
 def gap_notes(a: Analysis, seeds: pd.DataFrame, methods: list[str], data_file: str) -> list[str]:
@@ -110,6 +112,15 @@ def _level_header(lv: Level) -> str:
     return lv.label.replace(">=", "≥")
 
 
+#: The unit of every retained KL the tables show (token means, and token-pooled means).
+KL_UNIT = "nats/token"
+
+
+def _kl_header(lv: Level) -> str:
+    """A matched-KL column's header: what, at which level, in which unit."""
+    return f"KL at {_level_header(lv)} ({KL_UNIT})"
+
+
 def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, extra_primary_diff: bool,
                   data_column: bool = False, summ: Optional[pd.DataFrame] = None,
                   what: str = "retained KL (token mean, averaged over retained domains)",
@@ -117,9 +128,9 @@ def _matched_rows(a: Analysis, names_of, title: str, name: str, absent: str, ext
     table = Table(name, title, group_header="Backbone")
     levels = a.levels
     first = 3 if data_column else 2  # the first level's column
-    table.columns = ["Method", *(["Data"] if data_column else []), "Seeds", *[_level_header(lv) for lv in levels]]
+    table.columns = ["Method", *(["Data"] if data_column else []), "Seeds", *[_kl_header(lv) for lv in levels]]
     if extra_primary_diff:
-        table.columns.append(f"Δ vs ATLAS ({_level_header(a.primary_level)})")
+        table.columns.append(f"Δ KL vs ATLAS at {_level_header(a.primary_level)} ({KL_UNIT})")
     summ = a.matched if summ is None else summ
     shown = []
     for bb, bench in a.groups:
@@ -236,8 +247,9 @@ def _level_rows(a: Analysis, frame: pd.DataFrame):
 
 def paired_table(a: Analysis) -> Table:
     table = Table("paired", "Paired comparison of ATLAS against each method across seeds", group_header="Backbone")
-    table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI (t)", "95% CI (bootstrap)", "t", "p (paired t)",
-                     "p (paired t, Holm)", "ATLAS lower", "p (sign test)", "p (sign test, Holm)", "Unpaired"]
+    table.columns = ["Method", "Level", "Seed pairs", f"Mean Δ KL ({KL_UNIT})", "95% CI (t)", "95% CI (bootstrap)", "t",
+                     "p (paired t)", "p (paired t, Holm)", "Seeds ATLAS lower", "p (sign test)", "p (sign test, Holm)",
+                     "Unpaired seeds"]
     table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l"]
     p = a.paired
     if a.matched_seed.empty or not (a.matched_seed["method"] == M.REFERENCE).any():
@@ -274,9 +286,9 @@ def paired_table(a: Analysis) -> Table:
         "retained outputs closer to the base). 95% CI (t): t-interval of the mean difference; (bootstrap): percentile "
         "bootstrap over the pairs (every resample enumerated up to 6 pairs; near the range of the differences at 3 "
         "seeds, where it under-covers). p (paired t): two-sided "
-        "paired t-test, n - 1 degrees of freedom. ATLAS lower: seeds where ATLAS has the lower KL. p (sign test): "
+        "paired t-test, n - 1 degrees of freedom. Seeds ATLAS lower: seeds where ATLAS has the lower KL. p (sign test): "
         "exact two-sided binomial sign test (ties dropped). n/a: fewer than two pairs. Unpaired: seeds where only "
-        "one of the two reaches the level.",
+        "one of the two reaches the level. KL and its differences in nats per token.",
         "Holm: the p-value Holm-corrected (step-down) over the family of every comparison in this table on the "
         "backbone that has one (each method at each level; the paired t and the sign test are corrected separately): "
         "a comparison is significant at a family-wise level α when its Holm p ≤ α.",
@@ -298,7 +310,8 @@ def items_table(a: Analysis) -> Table:
     backbone's reason, when no backbone's records can be resampled."""
     table = Table("paired_items", "ATLAS against each method, resampling code problems and retained items",
                   group_header="Backbone")
-    table.columns = ["Method", "Level", "Pairs", "Mean Δ KL", "95% CI (seeds, t)", "95% CI (problems and items)",
+    table.columns = ["Method", "Level", "Seed pairs", f"Mean Δ KL ({KL_UNIT})", "95% CI (seeds, t)",
+                     "95% CI (problems and items)",
                      "p (problems and items)", "p (Holm)", "Resamples with a pair"]
     table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r"]
     items = a.items
@@ -397,7 +410,7 @@ def backbones_table(a: Analysis) -> Table:
     if not names:
         table.absent = "No complete runs of a trained method among the collected records."
         return table
-    table.columns = ["Method", *[group_label(bb, bench) for bb, bench in a.groups]]
+    table.columns = ["Method", *[f"KL on {group_label(bb, bench)} ({KL_UNIT})" for bb, bench in a.groups]]
     for method in names:
         cells = [Cell(M.label(method))]
         for bb, bench in a.groups:
@@ -417,7 +430,7 @@ def domains_table(a: Analysis) -> Table:
     if not a.domains:
         table.absent = "The collected records carry no per-domain retained metrics."
         return table
-    table.columns = ["Method", *a.domains, "mean"]
+    table.columns = ["Method", *[f"{dom} KL ({KL_UNIT})" for dom in a.domains], f"Mean over domains KL ({KL_UNIT})"]
     dm = a.domain_matched
     mean = a.matched[a.matched["level_spec"] == lv.spec]
     for bb, bench in a.groups:
@@ -437,7 +450,7 @@ def domains_table(a: Analysis) -> Table:
     for j in range(1, 2 + len(a.domains)):
         table.best[j] = "min"
     table.notes = [_kl_note(a, "each domain's retained KL (token mean), matched on that domain's own frontier"),
-                   "mean: the KL averaged over domains, as in the main table."] + _level_notes(a, [lv])
+                   "Mean over domains: the KL averaged over domains, as in the main table."] + _level_notes(a, [lv])
     return table
 
 
@@ -482,14 +495,15 @@ def answers_table(a: Analysis) -> Table:
         "level, no interpolation); answers changed: share of math prompts whose extracted final answer differs "
         "from the base model's; choices flipped: share of multiple-choice items whose highest-likelihood choice "
         "differs; Δ accuracy: adapted - base accuracy against gold, percentage points. Mean ± half-width of the "
-        f"{int(a.confidence * 100)}% t-interval over seeds. Bold: best among methods reaching the level on every seed.",
+        f"{int(a.confidence * 100)}% t-interval over seeds. Bold: best among methods reaching the level on every seed, "
+        "where at least two do.",
     ] + _level_notes(a, [lv])
     return table
 
 
 COSTS = (
     ("cost/trainable_params", "Trainable params", "min", fmt_count),
-    ("cost/stored_bytes", "Stored", "min", fmt_bytes),
+    ("cost/stored_bytes", "Stored size", "min", fmt_bytes),
     ("cost/train_seconds", "Train (s)", "min", lambda x: fmt_num(x, 3)),
     ("cost/decode_tokens_per_s", "Decode (tokens/s)", "max", lambda x: fmt_num(x, 3)),
 )
@@ -520,7 +534,7 @@ def costs_table(a: Analysis) -> Table:
     for j, (_, _, better, _) in enumerate(present, start=2):
         table.best[j] = better
     table.notes = ["Mean over all complete runs of the method on that backbone (every sweep point and seed). "
-                   "Stored: bytes the method saves on top of the backbone. Decode: generated tokens per second "
+                   "Stored size: what the method saves on top of the backbone. Decode: generated tokens per second "
                    "during evaluation. Bold: best per column (fewest params, bytes and seconds; most tokens/s)."]
     return table
 
@@ -532,7 +546,7 @@ def dev_candidates_table(a: Analysis) -> Table:
     from analysis.tune import candidates_frame  # here: tune reads records and configs the other tables never need
 
     table = Table("dev_candidates", "Dev candidates per method and the points run on test", group_header="Backbone")
-    table.columns = ["Method", "Knobs", "Seeds", "Dev pass@1", "Dev retained KL", "On test"]
+    table.columns = ["Method", "Knobs", "Seeds", "Dev pass@1", f"Dev retained KL ({KL_UNIT})", "On test"]
     table.align = ["l", "l", "l", "r", "r", "l"]
     runs = a.runs
     dev = sorted({(bb, b) for bb, b in zip(runs["backbone"], runs["benchmark"]) if str(b).endswith("@dev")}) \

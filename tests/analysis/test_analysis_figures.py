@@ -87,7 +87,8 @@ def test_method_styles_are_fixed_and_distinct():
 
 def test_tiny_kl_gets_a_unit_and_coinciding_levels_share_a_label():
     # A short run: pass@1 0 everywhere (every gain level is 0) and KL around 4e-5.
-    recs = [record("lora", 0, 0.0, {"math": 2e-6, "commonsense": 7.3e-5})]
+    recs = [record("lora", 0, 0.0, {"math": 2e-6, "commonsense": 7.3e-5}),
+            record("base", 0, 0.0, {"math": 0.0, "commonsense": 0.0})]
     a = analyze(make_table(schema.to_row(r, str(i)) for i, r in enumerate(recs)))
     with matplotlib.rc_context(RC):
         fig = pareto_figure(a, "micro", "micro", "mean")

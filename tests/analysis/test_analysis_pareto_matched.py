@@ -225,9 +225,12 @@ def test_gain_levels(sweep_table):
     # another point as the reference: ATLAS at steps 300, (0.30 + 0.28 + 0.33) / 3
     assert gain_range(sweep_table, "micro", "micro", "atlas:train.steps=300")[1] == pytest.approx(0.91 / 3)
     no_base = sweep_table[sweep_table["method"] != "base"]
-    assert gain_range(no_base, "micro", "micro", ref) == (0.0, pytest.approx(0.43))
+    # without base runs there is no gain to share (never a made-up base pass@1 of 0)
+    with pytest.raises(ValueError, match=r"^no complete base runs on micro/micro: .* add its records \(python run.py "
+                                         r"method=base backbone=micro benchmark=micro\) or use absolute levels"):
+        gain_range(no_base, "micro", "micro", ref)
     # gain:1 is the reference point's own mean: that point meets it despite float rounding.
-    ps = per_seed_matched(no_base, [parse_level("gain:1")], methods=["lora"], reference=ref)
+    ps = per_seed_matched(sweep_table, [parse_level("gain:1")], methods=["lora"], reference=ref)
     assert ps["reached"].sum() == 2   # seeds 0 (0.45) and 2 (0.43); seed 1 has 0.41
 
 

@@ -166,7 +166,7 @@ def test_report_tables_hold_the_known_values(report):
     assert "**0.0523 ± 0.0063** |" in main_md
     assert "linearly interpolated to the level along each training run's post-hoc scale curve" in main_md
     assert "| EWC | retained prompts | 3 | 0.0413 ± 0.0038 | not reached (0/3 seeds) | not reached (0/3 seeds) |" in main_md
-    assert "Levels on micro (gain of LoRA (train.steps=900) over the base model: from 0.100 to 0.380)" in main_md
+    assert "Levels on micro (gain of LoRA (train.steps=900) over the base model: pass@1 from 0.100 to 0.380)" in main_md
     assert r"\toprule" in (out / "tables" / "main.tex").read_text()
     points = (out / "data" / "pareto_points.csv").read_text().splitlines()
     assert points[0].startswith("domain,backbone,benchmark,method,sweep_key")
@@ -227,27 +227,33 @@ def test_report_files_are_deterministic_and_checkable(report):
     assert diffs == [f"only in {out}: figures/stale.png", "differs: tables/main.md"]
 
 
-def test_report_without_complete_runs_does_not_crash(tmp_path):
+def test_report_without_complete_runs_writes_nothing(tmp_path):
     failed = record("lora", 0, 0.3, status="failed")
     failed["error"] = {"type": "ValueError", "message": "bad config"}
     write(tmp_path / "runs", failed)
     write(tmp_path / "runs", None, "broken", text="not json")
+    # An earlier report in the folder is left as it was.
+    old = tmp_path / "out" / "figures" / "old.png"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an earlier report's figure")
+    with pytest.raises(ValueError, match=r"^no complete record in .*: all 2 left out \(failed: 1, malformed: 1;"):
+        write_report([str(tmp_path / "runs")], tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["figures", "old.png"]
+
+
+def test_report_in_an_earlier_report_folder_removes_its_stale_files(tmp_path):
+    for rec in scenario():
+        if rec["backbone"] == "micro" and rec["method"] in ("atlas", "base"):
+            write(tmp_path / "runs", rec)
     # A folder that is not a report keeps its files; in a report folder, files of the report's own kinds
     # that a re-run did not write are removed.
     foreign = tmp_path / "out" / "figures" / "mine.png"
     foreign.parent.mkdir(parents=True)
     foreign.write_bytes(b"not from a report")
-    write_report([str(tmp_path / "runs")], tmp_path / "out")
+    write_report([str(tmp_path / "runs")], tmp_path / "out", levels=["0.3"])
     assert foreign.exists()
-    rep = write_report([str(tmp_path / "runs")], tmp_path / "out")
+    write_report([str(tmp_path / "runs")], tmp_path / "out", levels=["0.3"])
     assert not foreign.exists()
-    index = (tmp_path / "out" / "index.md").read_text()
-    assert "- Complete runs used: 0" in index and "ValueError: bad config" in index
-    assert "no complete runs: no figure can be drawn" in index
-    assert not (tmp_path / "out" / "figures").exists() or not list((tmp_path / "out" / "figures").glob("*"))
-    main_md = (tmp_path / "out" / "tables" / "main.md").read_text()
-    assert "_No complete runs of ATLAS or of a baseline among the collected records._" in main_md
-    assert len(rep.collection.skipped) == 2
 
 
 @pytest.mark.slow
@@ -280,6 +286,8 @@ def test_cli_report_and_check(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_module_entry_point_imports_nothing_from_the_training_packages(tmp_path):
     banned = ("atlas", "baselines", "experiments")
+    # but the progress bar shared with the runtime: it and what it imports need nothing but tqdm
+    light = ("experiments", "experiments.progress", "experiments.closed_output")
     for path in sorted((REPO / "analysis").glob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
@@ -289,13 +297,14 @@ def test_module_entry_point_imports_nothing_from_the_training_packages(tmp_path)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
             for name in names:
-                assert name.split(".")[0] not in banned, f"{path.name} imports {name}"
+                assert name.split(".")[0] not in banned or name in light, f"{path.name} imports {name}"
     # At run time too: `python -m analysis` with a bad level exits with status 2 after importing every module.
     write(tmp_path / "runs", record("atlas", 0, 0.3))
     code = ("import json, runpy, sys; import analysis.report, analysis.figures\n"
             "sys.argv = ['analysis', 'report', 'runs', '--levels', 'abc']\n"
             "try:\n    runpy.run_module('analysis', run_name='__main__')\nexcept SystemExit as exc:\n    rc = exc.code\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in %r)))\nsys.exit(rc)" % (banned,))
+            "print(json.dumps(sorted(m for m in sys.modules if (m.split('.')[0] in %r and m not in %r) "
+            "or m.split('.')[0] in ('torch', 'transformers', 'peft'))))\nsys.exit(rc)" % (banned, light))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "level 'abc'" in proc.stderr, proc.stderr

@@ -127,6 +127,7 @@ def test_costs_answers_domains_tables():
     assert "math: answers changed (%)" in answers and "commonsense: choices flipped (%)" in answers
     assert "| micro | ATLAS | **10.0 ± 0.0** |" in answers
     domains = to_markdown(tables["domains"])
-    assert domains.splitlines()[2] == "| Backbone | Method | math | commonsense | mean |"
+    assert domains.splitlines()[2] == ("| Backbone | Method | math KL (nats/token) | commonsense KL (nats/token) | "
+                                       "Mean over domains KL (nats/token) |")
     assert "| micro | ATLAS | **0.0100 ± 0.0000** | 0.0300 ± 0.0000 | **0.0200 ± 0.0000** |" in domains
     assert "|  | LoRA | 0.0500 ± 0.0000 | **0.0200 ± 0.0000** | 0.0350 ± 0.0000 |" in domains
