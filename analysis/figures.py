@@ -147,8 +147,19 @@ def _where(a: Analysis, backbone: str, benchmark: str, domain: str, items: Optio
     if items is not None:
         return ITEM_SETS[items][1]
     if domain == "mean":
-        return "mean of domains" + (", near and far items" if far else "")
+        return "mean of near and far" if far else "mean of domains"
     return domain + (", near items" if far else "")
+
+
+def _fit(parts: list[str], width: float = WIDTH_IN - 0.5) -> str:
+    """`parts` joined by " · " on one line, or on as many lines as needed to stay within `width` inches."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if _text_width_in(f"{lines[-1]} · {part}") <= width:
+            lines[-1] = f"{lines[-1]} · {part}"
+        else:
+            lines.append(part)
+    return "\n".join(lines)
 
 
 def _levels_text(a: Analysis) -> str:
@@ -188,7 +199,7 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
                       confidence=a.confidence, levels=_levels_text(a) if levels else "")
 
     labels = [M.label(m) for m in methods]
-    ncol = _legend_ncol(labels, handlelength=2.4)
+    ncol = _legend_ncol(labels, handlelength=3.0)
     kcol = _legend_ncol([h.get_label() for h in key], most=2, handlelength=1.6, columnspacing=0.8)
     plot_h = 2.35 + 0.17 * _legend_rows(len(methods), ncol)
     key_h = 0.1 + 0.15 * _legend_rows(len(key), kcol)
@@ -232,13 +243,13 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
     _label_levels(ax, levels)
     ax.set_xlabel(f"{KL_LABEL}\n{scale.note}")
     ax.set_ylabel(PASS_LABEL)
-    ax.set_title(f"{group_label(backbone, benchmark)} · {_where(a, backbone, benchmark, domain, items)}"
-                 + (" · ATLAS variants" if family == "ablation" else ""), loc="left", fontsize=FONT_PT)
+    ax.set_title(_fit([group_label(backbone, benchmark), _where(a, backbone, benchmark, domain, items)]
+                      + (["ATLAS variants"] if family == "ablation" else [])), loc="left", fontsize=FONT_PT)
     ax.grid(True, linewidth=0.3, color="0.88")
     ax.grid(True, which="minor", axis="x", linewidth=0.2, color="0.94")
     ax.set_axisbelow(True)
     handles = [_method_handle(m, line=m != M.BASE) for m in methods]
-    top.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=2.4,
+    top.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=3.0,
                columnspacing=1.0, handletextpad=0.4)
     bottom.legend(handles=key, loc="upper center", ncol=kcol, frameon=False, handlelength=1.6, columnspacing=0.8,
                   handletextpad=0.4, borderaxespad=0.0)

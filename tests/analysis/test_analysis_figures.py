@@ -15,7 +15,7 @@ from analysis import schema
 from analysis.analyze import analyze
 from analysis.collect import make_table
 from analysis.figure_axes import kl_scale, pass_limits
-from analysis.figures import FONT_PT, RC, WIDTH_IN, all_figures, pareto_figure
+from analysis.figures import FONT_PT, RC, WIDTH_IN, _fit, _text_width_in, all_figures, pareto_figure
 
 
 def legends(fig) -> list:
@@ -195,6 +195,14 @@ def test_axis_ranges_worked_out():
     assert kl_scale([0.0], []).kind == "symlog"  # only zeros: still a log axis with a linear piece
 
 
+def test_long_titles_wrap_within_the_figure():
+    parts = ["micro (micro_v3@dev)", "mean of domains, near and far items", "ATLAS variants"]
+    title = _fit(parts)
+    assert title.split("\n") == ["micro (micro_v3@dev)", "mean of domains, near and far items · ATLAS variants"]
+    assert all(_text_width_in(line) <= WIDTH_IN - 0.5 for line in title.split("\n"))
+    assert _fit(["micro", "math"]) == "micro · math"
+
+
 def with_far(rec: dict, far: float) -> dict:
     """The record with far retained items of KL `far` in both domains, on the micro_v3 benchmark."""
     rec = copy.deepcopy(rec)
@@ -221,6 +229,11 @@ def test_near_and_far_figures_exactly_where_records_have_far_items():
                      "pareto_micro_micro_v3_commonsense", "pareto_micro_micro_v3_far", "pareto_micro_micro_v3_math",
                      "pareto_micro_micro_v3_mean", "pareto_micro_micro_v3_near"]
     fig = {spec.stem: spec.figure for spec in specs}
+    for stem, f in fig.items():  # titles of the longer group name stay inside the figure
+        renderer = FigureCanvasAgg(f).get_renderer()
+        f.draw(renderer)
+        tb = f.axes[0].get_tightbbox(renderer)
+        assert tb.x0 >= f.bbox.x0 - 1 and tb.x1 <= f.bbox.x1 + 1, stem
     for stem, kl in (("near", 0.03), ("far", 0.2)):  # ATLAS: near (0.02 + 0.04) / 2, far 0.2
         ax = fig[f"pareto_micro_micro_v3_{stem}"].axes[0]
         assert f"{stem} items, mean of domains" in ax.get_title(loc="left")
@@ -228,4 +241,5 @@ def test_near_and_far_figures_exactly_where_records_have_far_items():
                  and line.get_marker() == "o"]
         assert [list(line.get_xdata()) for line in atlas] == [[pytest.approx(kl)]]
     assert "math, near items" in fig["pareto_micro_micro_v3_math"].axes[0].get_title(loc="left")
+    assert "mean of near and far" in fig["pareto_micro_micro_v3_mean"].axes[0].get_title(loc="left")
     assert fig["pareto_micro_math"].axes[0].get_title(loc="left") == "micro · math"
