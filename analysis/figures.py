@@ -1,11 +1,14 @@
 """Figures at paper column width (3.3 in, fonts 7 pt and up), PNG and PDF, byte-identical on a re-run.
 
-- pareto_<backbone>_<domain>: pass@1 against retained KL of ATLAS and the baselines (and
-  pareto_ablation_<backbone>_mean: of ATLAS and its variants), one colour and marker per method;
-  sweep-point means with 95% t-intervals over seeds (both axes), each method's frontier as a line
-  (`analysis.pareto`: the lower envelope of its training runs' scale curves, so no line joins two runs;
-  frontier points filled, the others hollow), post-hoc scales of one training run joined by a dotted
-  line, the base model as a star, the requirement levels as dotted horizontal lines.
+- pareto_<backbone>_<domain>: pass@1 against retained KL (nats/token, log scale; symlog, linear near 0, where the
+  base model's KL of 0 is drawn: `analysis.figure_axes`) of ATLAS and the baselines (and
+  pareto_ablation_<backbone>_mean: of ATLAS and its variants), one colour, marker and line style per method
+  (`analysis.methods.style`); sweep-point means with 95% t-intervals over seeds (both axes, cut at the possible
+  values), each method's frontier as a line (`analysis.pareto`: the lower envelope of its training runs' scale curves,
+  so no line joins two runs; frontier points filled, the others hollow), post-hoc scales of one training run joined by
+  a dotted line, the base model as a star on top, the requirement levels as dotted horizontal lines; a key under the
+  method legend says so. pareto_<backbone>_near / _far: the same with the near or the far items' KL (mean over
+  domains), for records with far items.
 - answers_<backbone>: bars of the answer-level rates at the primary level (one panel per rate).
 - ablation_<backbone>: bars of the ATLAS variants' KL at every requirement level.
 
@@ -23,12 +26,16 @@ from typing import Optional
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.textpath import TextToPath
 from matplotlib.transforms import blended_transform_factory
 
 from analysis import methods as M
+from analysis import pareto
 from analysis.analyze import Analysis, summary_of
+from analysis.figure_axes import KL_LABEL, LEVEL_DASHES, PASS_LABEL, key_handles, kl_scale, pass_limits
 from analysis.pareto import domain_label, envelope_line, run_fronts
 from analysis.tables import group_label
 
@@ -85,10 +92,23 @@ def _status_handles() -> list:
             Line2D([], [], linestyle="none", marker="$n.r.$", markersize=9, color="0.3", label="not reached")]
 
 
-def _legend_ncol(labels: list[str], most: int = 3) -> int:
-    """Legend columns that fit the figure width: about 0.055 in per character at 7 pt plus the handle."""
-    width = 0.36 + 0.058 * max((len(x) for x in labels), default=1)
-    return max(1, min(most, int((WIDTH_IN - 0.1) // width)))
+def _text_width_in(text: str) -> float:
+    """Width in inches of `text` at the figures' font and size."""
+    w, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(family=RC["font.family"], size=FONT_PT),
+                                                         ismath=False)
+    return w / 72.0
+
+
+def _legend_ncol(labels: list[str], most: int = 3, handlelength: float = 1.6, columnspacing: float = 1.0) -> int:
+    """Legend columns that fit the figure width: entries fill the columns top to bottom, each column as wide as its
+    widest label plus the handle, the gap to the label (0.4) and the space between columns (in font sizes)."""
+    extra = (handlelength + 0.4 + columnspacing) * FONT_PT / 72.0
+    for ncol in range(min(most, max(1, len(labels))), 1, -1):
+        rows = _legend_rows(len(labels), ncol)
+        cols = [labels[i:i + rows] for i in range(0, len(labels), rows)]
+        if sum(extra + max(_text_width_in(x) for x in col) for col in cols) <= WIDTH_IN - 0.15:
+            return ncol
+    return 1
 
 
 def _legend_rows(n: int, ncol: int) -> int:
@@ -97,15 +117,65 @@ def _legend_rows(n: int, ncol: int) -> int:
 
 def _method_handle(method: str, line: bool = True) -> Line2D:
     st = M.style(method)
-    return Line2D([], [], color=st.color, marker=st.marker, linestyle="-" if line else "none",
-                  markersize=5 if method == M.BASE else 4, label=M.label(method))
+    return Line2D([], [], color=st.color, marker=st.marker, linestyle=st.dashes if line else "none",
+                  markersize=7 if method == M.BASE else 4, label=M.label(method))
 
 
-def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, family: str = "main") -> Optional[Figure]:
-    """pass@1 (y, higher better) against retained KL (x, lower better) on one backbone: ATLAS, the baselines
-    and other methods (`family="main"`), or ATLAS and its variants (`family="ablation"`); the base model in both."""
-    pts = a.points[(a.points["domain"] == domain) & (a.points["backbone"] == backbone)
-                   & (a.points["benchmark"] == benchmark)]
+#: Sets of retained items with a figure of their own where records have far items: KL column and title.
+ITEM_SETS = {"near": (pareto.NEAR_KL_COL, "near items, mean of domains"),
+             "far": (pareto.FAR_KL_COL, "far items, mean of domains")}
+
+
+def has_far(a: Analysis, backbone: str, benchmark: str) -> bool:
+    """Whether any record of the group carries far retained items (a far KL)."""
+    if pareto.FAR_KL_COL not in a.runs.columns:
+        return False
+    g = a.runs[(a.runs["backbone"] == backbone) & (a.runs["benchmark"] == benchmark)]
+    return bool(g[pareto.FAR_KL_COL].notna().any())
+
+
+def _points(a: Analysis, backbone: str, benchmark: str, domain: str, items: Optional[str]) -> pd.DataFrame:
+    if items is None:
+        pts = a.points[a.points["domain"] == domain]
+    else:
+        pts = pareto.sweep_points(a.runs, ITEM_SETS[items][0], confidence=a.confidence)
+    return pts[(pts["backbone"] == backbone) & (pts["benchmark"] == benchmark)]
+
+
+def _where(a: Analysis, backbone: str, benchmark: str, domain: str, items: Optional[str]) -> str:
+    far = has_far(a, backbone, benchmark)
+    if items is not None:
+        return ITEM_SETS[items][1]
+    if domain == "mean":
+        return "mean of near and far" if far else "mean of domains"
+    return domain + (", near items" if far else "")
+
+
+def _fit(parts: list[str], width: float = WIDTH_IN - 0.5) -> str:
+    """`parts` joined by " · " on one line, or on as many lines as needed to stay within `width` inches."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if _text_width_in(f"{lines[-1]} · {part}") <= width:
+            lines[-1] = f"{lines[-1]} · {part}"
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def _levels_text(a: Analysis) -> str:
+    kinds = {lv.kind for lv in a.levels}
+    if kinds == {"gain"}:
+        return f"levels: % of {M.label(a.reference.method)} gain"
+    return "levels: pass@1" if kinds == {"abs"} else "levels (gain %, pass@1)"
+
+
+def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, family: str = "main",
+                  items: Optional[str] = None) -> Optional[Figure]:
+    """pass@1 (y, higher better) against retained KL (x, nats/token, log scale, lower better) on one backbone: ATLAS,
+    the baselines and other methods (`family="main"`), or ATLAS and its variants (`family="ablation"`); the base model
+    in both. KL of `domain` ("mean": the headline), or with `items` ("near" / "far") the mean over domains of that set
+    of retained items. Intervals are cut to the values possible (KL >= 0, pass@1 in [0, 1])."""
+    pts = _points(a, backbone, benchmark, domain, items)
     present = pts["method"].unique()
     chosen = M.main_methods(present) if family == "main" else M.ablation_methods(present)
     if family == "ablation" and not any(m != M.REFERENCE for m in chosen):
@@ -114,58 +184,75 @@ def pareto_figure(a: Analysis, backbone: str, benchmark: str, domain: str, famil
         return None
     methods = chosen + ([M.BASE] if M.BASE in present else [])
     pts = pts[pts["method"].isin(methods)].copy()
-    factor, unit = _kl_unit(pd.concat([pts["y_mean"], pts["y_hi"]]))
-    for col in ("y_mean", "y_lo", "y_hi"):
-        pts[col] = pts[col] * factor
-    ncol = _legend_ncol([M.label(m) for m in methods])
-    rows = _legend_rows(len(methods), ncol)
-    fig = Figure(figsize=(WIDTH_IN, 2.35 + 0.17 * rows), layout="constrained")
-    ax = fig.add_subplot()
+    pts["y_lo"] = pts["y_lo"].clip(lower=0.0)
+    pts["x_lo"], pts["x_hi"] = pts["x_lo"].clip(lower=0.0), pts["x_hi"].clip(upper=1.0)
+    spread = pts[pts["n_seeds"] >= 2]
+    scale = kl_scale(pts["y_mean"], pd.concat([spread["y_lo"], spread["y_hi"]]))
+    levels = [(a.threshold(backbone, benchmark, lv), lv) for lv in a.levels]
+    trained = pts[pts["method"] != M.BASE]
+    lines = {m: envelope_line(run_fronts(list(g["x_mean"]), list(g["y_mean"]), list(g["train_key"])))
+             for m, g in trained.groupby("method", sort=True)}
+    scaled = [g for _, g in trained.groupby(["method", "train_key"], sort=True) if g["scale"].nunique() > 1]
+    key = key_handles(hollow=not trained["on_frontier"].astype(bool).all(),
+                      front_line=any(len(line) > 1 for line in lines.values()), scales=bool(scaled),
+                      seeds=(int(spread["n_seeds"].min()), int(spread["n_seeds"].max())) if len(spread) else None,
+                      confidence=a.confidence, levels=_levels_text(a) if levels else "")
+
+    labels = [M.label(m) for m in methods]
+    ncol = _legend_ncol(labels, handlelength=3.0)
+    kcol = _legend_ncol([h.get_label() for h in key], most=2, handlelength=1.6, columnspacing=0.8)
+    plot_h = 2.35 + 0.17 * _legend_rows(len(methods), ncol)
+    key_h = 0.1 + 0.15 * _legend_rows(len(key), kcol)
+    fig = Figure(figsize=(WIDTH_IN, plot_h + key_h), layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[plot_h, key_h], hspace=0.0)
+    ax = top.add_subplot()
     for method in methods:
         st = M.style(method)
         g = pts[pts["method"] == method].sort_values(["x_mean", "y_mean", "sweep_key"], kind="mergesort")
         z = 4 if method == M.REFERENCE else 3
-        spread = g[g["n_seeds"] >= 2]
-        if len(spread):
-            ax.errorbar(spread["y_mean"], spread["x_mean"],
-                        xerr=[spread["y_mean"] - spread["y_lo"], spread["y_hi"] - spread["y_mean"]],
-                        yerr=[spread["x_mean"] - spread["x_lo"], spread["x_hi"] - spread["x_mean"]],
+        sp = g[g["n_seeds"] >= 2]
+        if len(sp):
+            ax.errorbar(sp["y_mean"], sp["x_mean"],
+                        xerr=[sp["y_mean"] - sp["y_lo"], sp["y_hi"] - sp["y_mean"]],
+                        yerr=[sp["x_mean"] - sp["x_lo"], sp["x_hi"] - sp["x_mean"]],
                         fmt="none", ecolor=st.color, elinewidth=0.5, alpha=0.5, zorder=z - 1)
         if method == M.BASE:
-            ax.plot(g["y_mean"], g["x_mean"], linestyle="none", marker=st.marker, color=st.color, markersize=7,
-                    zorder=z + 1)
+            # On top of everything and never clipped: the base sits at KL 0, left of the log part of the axis.
+            ax.plot(g["y_mean"], g["x_mean"], linestyle="none", marker=st.marker, color=st.color, markersize=8,
+                    markeredgecolor="white", markeredgewidth=0.4, zorder=10, clip_on=False, gid="base")
             continue
-        for _, tg in g.groupby("train_key", sort=True):
-            if tg["scale"].nunique() > 1:
-                tg = tg.sort_values("scale", kind="mergesort")
-                ax.plot(tg["y_mean"], tg["x_mean"], linestyle=":", linewidth=0.6, color=st.color, zorder=z - 1)
-        front = g[g["on_frontier"].astype(bool)].sort_values(["y_mean", "x_mean"], kind="mergesort")
-        line = envelope_line(run_fronts(list(g["x_mean"]), list(g["y_mean"]), list(g["train_key"])))
+        for tg in (t for t in scaled if t["method"].iloc[0] == method):
+            tg = tg.sort_values("scale", kind="mergesort")
+            ax.plot(tg["y_mean"], tg["x_mean"], linestyle=":", linewidth=0.6, color=st.color, zorder=z - 1)
+        line = lines[method]
         if len(line) > 1:
-            ax.plot([kl for _, kl in line], [p for p, _ in line], linestyle="-", color=st.color, linewidth=1.0,
-                    zorder=z)
+            ax.plot([kl for _, kl in line], [p for p, _ in line], linestyle=st.dashes, color=st.color,
+                    linewidth=1.0, zorder=z)
+        front = g[g["on_frontier"].astype(bool)].sort_values(["y_mean", "x_mean"], kind="mergesort")
         ax.plot(front["y_mean"], front["x_mean"], linestyle="none", marker=st.marker, color=st.color,
                 markersize=4, zorder=z + 1)
         dom = g[~g["on_frontier"].astype(bool)]
         if len(dom):
-            ax.plot(dom["y_mean"], dom["x_mean"], linestyle="none", marker=st.marker, markerfacecolor="white",
-                    markeredgecolor=st.color, markeredgewidth=0.7, markersize=4, zorder=z)
-    levels = [(a.threshold(backbone, benchmark, lv), lv) for lv in a.levels]
+            ax.plot(dom["y_mean"], dom["x_mean"], linestyle="none", marker=st.marker, color=st.color,
+                    markerfacecolor="white", markeredgecolor=st.color, markeredgewidth=0.7, markersize=4, zorder=z)
     for c, _ in levels:
-        ax.axhline(c, color="0.55", linestyle=(0, (1, 2)), linewidth=0.6, zorder=1)
-    ax.margins(x=0.06, y=0.08)
+        ax.axhline(c, color="0.55", linestyle=LEVEL_DASHES, linewidth=0.6, zorder=1)
+    scale.apply(ax)
+    ax.set_ylim(*pass_limits(pd.concat([pts["x_mean"], spread["x_lo"], spread["x_hi"],
+                                        pd.Series([c for c, _ in levels], dtype=float)])))
     _label_levels(ax, levels)
-    ax.set_xlabel(f"Retained KL{unit} (lower is better)")
-    ax.set_ylabel("Coding pass@1 (higher is better)")
-    where = "mean of domains" if domain == "mean" else domain
-    ax.set_title(f"{group_label(backbone, benchmark)} · {where}" + (" · ATLAS variants" if family == "ablation" else ""),
-                 loc="left", fontsize=FONT_PT)
+    ax.set_xlabel(f"{KL_LABEL}\n{scale.note}")
+    ax.set_ylabel(PASS_LABEL)
+    ax.set_title(_fit([group_label(backbone, benchmark), _where(a, backbone, benchmark, domain, items)]
+                      + (["ATLAS variants"] if family == "ablation" else [])), loc="left", fontsize=FONT_PT)
     ax.grid(True, linewidth=0.3, color="0.88")
+    ax.grid(True, which="minor", axis="x", linewidth=0.2, color="0.94")
     ax.set_axisbelow(True)
-    ax.set_xlim(left=min(0.0, ax.get_xlim()[0]))
     handles = [_method_handle(m, line=m != M.BASE) for m in methods]
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=1.6,
+    top.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=3.0,
                columnspacing=1.0, handletextpad=0.4)
+    bottom.legend(handles=key, loc="upper center", ncol=kcol, frameon=False, handlelength=1.6, columnspacing=0.8,
+                  handletextpad=0.4, borderaxespad=0.0)
     return fig
 
 
@@ -298,6 +385,11 @@ def all_figures(a: Analysis) -> tuple[list[FigureSpec], list[str]]:
             if fig is not None:
                 out.append(FigureSpec(f"pareto_{gs}_{slug(dom)}", f"Pareto: pass@1 against retained KL "
                                       f"({domain_label(dom)}) on {name}, ATLAS and baselines", fig))
+        for items in ITEM_SETS if has_far(a, bb, bench) else ():
+            fig = pareto_figure(a, bb, bench, "mean", items=items)
+            if fig is not None:
+                out.append(FigureSpec(f"pareto_{gs}_{items}", f"Pareto: pass@1 against retained KL "
+                                      f"({ITEM_SETS[items][1]}) on {name}, ATLAS and baselines", fig))
         fig = pareto_figure(a, bb, bench, "mean", family="ablation")
         if fig is not None:
             out.append(FigureSpec(f"pareto_ablation_{gs}_mean", f"Pareto of ATLAS and its variants (mean over "

@@ -1,10 +1,12 @@
-"""Method names, their order in tables, and one fixed colour and marker per method for every figure.
+"""Method names, their order in tables, and one fixed colour, marker and line style per method for every figure.
 
 Known methods are the method registry (`suite_schema.registry`: `conf/method/*.yaml`); each method file's `display`
 block gives its label, group (reference, baseline, extended, ablation, base), order within the group, colour and
-marker. A registered method without a display block, and any name the registry does not know, is labelled by its
-name and gets a style derived from a SHA-256 of the name, so it looks the same in every figure, every run and on
-every machine.
+marker. The line style follows the registry order (`LINESTYLES` in turn, skipping one that another known method with
+the same marker has), so no two known methods share a marker and a line style and a figure reads in greyscale. A
+registered method without a display block, and any name the registry does not know, is labelled by its name and gets
+a style derived from a SHA-256 of the name (a line style no known method with its marker has), so it looks the same in
+every figure, every run and on every machine.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from suite_schema import registry
 
 @dataclass(frozen=True)
 class Style:
-    """How a method is drawn in every figure: a matplotlib colour and marker."""
+    """How a method is drawn in every figure: a matplotlib colour, marker and line style (a `LINESTYLES` name)."""
 
     color: str
     marker: str
+    linestyle: str
+
+    @property
+    def dashes(self):
+        """The matplotlib line style of `linestyle`."""
+        return LINESTYLES[self.linestyle]
 
 
 _SPECS = registry.methods()
@@ -39,18 +47,55 @@ EXTENDED = tuple(registry.members("extended"))  # beyond the paper (docs/baselin
 ABLATIONS = tuple(registry.members("ablation"))
 KNOWN_ORDER = tuple(_SPECS)
 LABELS = {m: d["label"] for m, d in _DISPLAY.items()}
-STYLES = {m: Style(d["color"], d["marker"]) for m, d in _DISPLAY.items()}
+#: Frontier line styles by name (dotted is left out: it marks one training run's post-hoc scales in the figures).
+LINESTYLES = {
+    "solid": "-",
+    "dashed": (0, (3.0, 1.5)),
+    "dashdot": (0, (4.0, 1.2, 1.0, 1.2)),
+    "longdash": (0, (5.0, 2.0)),
+    "dashdotdot": (0, (4.0, 1.2, 1.0, 1.2, 1.0, 1.2)),
+}
+
+
+def _free_linestyle(marker: str, start: int, taken: set) -> str:
+    """The first `LINESTYLES` name from position `start` on (cyclically) that no (marker, name) in `taken` has."""
+    names = list(LINESTYLES)
+    for k in range(len(names)):
+        name = names[(start + k) % len(names)]
+        if (marker, name) not in taken:
+            return name
+    return names[start % len(names)]  # every style of this marker taken: the marker's colour still tells it apart
+
+
+def _known_styles() -> dict[str, Style]:
+    """Line styles in turn within each family a figure shows together (ATLAS and the methods outside its family;
+    ATLAS and its ablations), so the methods of one figure share as few line styles as the families' sizes allow."""
+    out: dict[str, Style] = {}
+    taken: set = set()
+    shown = [m for m in KNOWN_ORDER if m in _DISPLAY]
+    family = {m: [x for x in shown if is_atlas_family(x) == is_atlas_family(m) or x == REFERENCE] for m in shown}
+    for m in shown:
+        d = _DISPLAY[m]
+        ls = _free_linestyle(d["marker"], family[m].index(m), taken)
+        taken.add((d["marker"], ls))
+        out[m] = Style(d["color"], d["marker"], ls)
+    return out
+
+
 # Styles for names not listed above, picked by a hash of the name (hues kept apart from the known ones).
 EXTRA_COLORS = ("#393b79", "#637939", "#7b4173", "#e7969c", "#9c9ede", "#5254a3", "#b5cf6b", "#00695c")
 EXTRA_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h", "<", ">", "p", "d")
 
 
 def style(method: str) -> Style:
-    """The colour and marker of `method`, the same in every figure."""
+    """The colour, marker and line style of `method`, the same in every figure."""
     if method in STYLES:
         return STYLES[method]
     h = int(hashlib.sha256(method.encode("utf-8")).hexdigest(), 16)
-    return Style(EXTRA_COLORS[h % len(EXTRA_COLORS)], EXTRA_MARKERS[(h // len(EXTRA_COLORS)) % len(EXTRA_MARKERS)])
+    marker = EXTRA_MARKERS[(h // len(EXTRA_COLORS)) % len(EXTRA_MARKERS)]
+    taken = {(s.marker, s.linestyle) for s in STYLES.values()}
+    start = (h // (len(EXTRA_COLORS) * len(EXTRA_MARKERS))) % len(LINESTYLES)
+    return Style(EXTRA_COLORS[h % len(EXTRA_COLORS)], marker, _free_linestyle(marker, start, taken))
 
 
 def label(method: str) -> str:
@@ -114,3 +159,6 @@ def main_methods(methods) -> list[str]:
 def ablation_methods(methods) -> list[str]:
     """ATLAS and its variants (every method named atlas_* or atlas[...])."""
     return [m for m in ordered(methods) if is_atlas_family(m)]
+
+
+STYLES = _known_styles()  # after `is_atlas_family`, which it reads
