@@ -17,6 +17,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from analysis import methods as M
+from analysis.pareto import DOMAIN_ORDER
 from analysis.schema import SCALE_COL
 from suite_schema import layout
 
@@ -98,12 +99,17 @@ class MethodSamples:
 
 
 def retained_groups(items: list[dict], n: int) -> list[RetainedGroup]:
-    """Per retained set (near first) and domain: item and changed counts and the first `n` changed items by index."""
+    """Per retained set (near first) and domain (the tables' order): item and changed counts and the first `n` changed
+    items by index."""
     by: dict[tuple[str, str], list[dict]] = {}
     for it in items:
         by.setdefault((str(it.get("set", "near")), str(it.get("domain", "?"))), []).append(it)
     out = []
-    for (s, dom), group in sorted(by.items(), key=lambda kv: (kv[0][0] != "near", kv[0])):
+    def order(key: tuple[str, str]) -> tuple:
+        s, dom = key
+        return s != "near", s, DOMAIN_ORDER.index(dom) if dom in DOMAIN_ORDER else len(DOMAIN_ORDER), dom
+
+    for (s, dom), group in sorted(by.items(), key=lambda kv: order(kv[0])):
         group = sorted(group, key=lambda it: int(it.get("index", 0)))
         moved = [it for it in group if changed(it)]
         out.append(RetainedGroup(s, dom, str(group[0].get("kind", "math")), len(group), len(moved), moved[:n]))

@@ -126,7 +126,7 @@ def test_page_shows_changed_items_and_completions_escaped(report):
     assert "s0 choice 2" in atlas and "s0 choice 0" not in atlas
     assert "<pre>0: the first</pre>" in atlas and "<pre>1: the second</pre>" in atlas
     assert "far set, math: 1 of 1 answers rewritten" in atlas
-    assert atlas.index("near set, math") < atlas.index("far set, math")
+    assert atlas.index("near set, math") < atlas.index("near set, commonsense") < atlas.index("far set, math")
     # Completions: greedy first, passed and failed alternating, up to two.
     assert "# pass a" in atlas and "return &quot;&lt;script&gt;" in atlas and "# fail b" not in atlas
     assert "# sampled" not in atlas
