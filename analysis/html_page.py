@@ -19,8 +19,9 @@ from analysis import render
 from analysis.samples import MethodSamples, RetainedGroup, value_text
 
 HTML_INDEX = "index.html"
-# Sections of index.md shown here in their own form (tables and figures rendered, not listed as files).
-RENDERED_SECTIONS = ("Tables", "Figures")
+#: index.md's pointer to this page (left out of the page itself).
+INDEX_LINE = (f"All of it on one self-contained page, with samples of what each method changed: "
+              f"[{HTML_INDEX}]({HTML_INDEX}) (open it in a browser).")
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 78em;
@@ -260,7 +261,7 @@ def page(index_md: str, tables: Sequence[tuple[render.Table, str]],
                 body += ["<p>Not drawn:</p>", "<ul>", *[f"<li>{html.escape(m)}</li>" for m in missing], "</ul>"]
             body.append(samples_html(samples))
         else:
-            body.append(markdown(md))
+            body.append(markdown(md.replace(f"\n{INDEX_LINE}\n", "\n")))
     return "\n".join(['<!DOCTYPE html>', '<html lang="en">', "<head>", '<meta charset="utf-8">',
                       '<meta name="viewport" content="width=device-width, initial-scale=1">',
                       "<title>Analysis report</title>", f"<style>{CSS}</style>", "</head>", "<body>",

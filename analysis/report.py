@@ -174,7 +174,7 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
     a, col = rep.analysis, rep.collection
     runs = a.runs
     lines = [INDEX_TITLE, "", "Regenerate (and check against this folder) with:", "",
-             "```", command, "```", "", "## Runs", ""]
+             "```", command, "```", "", html_page.INDEX_LINE, "", "## Runs", ""]
     counts = col.counts()
     lines.append(f"- Sources read (record files and W&B runs): {col.n_sources}")
     lines.append(f"- Complete runs used: {len(runs)}")

@@ -110,6 +110,7 @@ def test_page_has_the_index_text_and_warnings(report):
     for w in warnings:
         assert f"<li>{html.escape(w)}</li>" in page
     assert f"<pre>{html.escape(COMMAND)}</pre>" in page
+    assert "[index.html](index.html)" in index and 'href="index.html"' not in page  # index.md points here
     for heading in ("Runs", "Code versions", "Test reads", "Requirement levels", "Tables", "Figures", "Data",
                     "Skipped runs"):
         assert re.search(rf"<h2( id=\"\w+\")?>{heading}</h2>", page), heading
