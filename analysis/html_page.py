@@ -189,7 +189,7 @@ def _retained_html(g: RetainedGroup, label: str) -> list[str]:
         return out
     out.append(f"<table><tr><th>Item</th><th>Prompt</th><th>Gold</th><th>Base</th><th>{html.escape(label)}</th></tr>")
     for it in g.shown:
-        item = html.escape(value_text(it.get("id", it.get("index"))))
+        item = html.escape(value_text(it["id"] if it.get("id") is not None else it.get("index")))
         if g.kind == "choice":
             gold, base, new = (html.escape(_choice(it, "gold")), _pre(_choice(it, "base_choice")),
                                _pre(_choice(it, "adapted_choice")))

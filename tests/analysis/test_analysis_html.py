@@ -70,6 +70,7 @@ def _table_section(page: str, name: str) -> str:
     return page[start:min(ends)]
 
 
+@pytest.mark.slow  # writes a report
 def test_page_embeds_every_figure_and_refers_to_nothing_outside(report):
     _, out, rep, page = report
     pngs = sorted((out / "figures").glob("*.png"))
@@ -82,9 +83,10 @@ def test_page_embeds_every_figure_and_refers_to_nothing_outside(report):
     assert "<style>" in page and 'rel="stylesheet"' not in page
 
 
+@pytest.mark.slow  # writes a report
 def test_page_has_every_table_with_the_markdown_cells(report):
     _, out, _, page = report
-    mds = sorted((out / "tables").glob("*.md"))
+    mds, checked = sorted((out / "tables").glob("*.md")), 0
     assert mds
     for md in mds:
         text = md.read_text(encoding="utf-8")
@@ -100,8 +102,11 @@ def test_page_has_every_table_with_the_markdown_cells(report):
                     else:
                         cell = html.escape(cell)
                     assert f">{cell}</t" in body, (md.name, cell)
+                    checked += 1
+    assert checked > 100 and "<strong>" in page  # cells of every table, the best values in bold
 
 
+@pytest.mark.slow  # writes a report
 def test_page_has_the_index_text_and_warnings(report):
     _, out, _, page = report
     index = (out / "index.md").read_text(encoding="utf-8")
@@ -116,6 +121,7 @@ def test_page_has_the_index_text_and_warnings(report):
         assert re.search(rf"<h2( id=\"\w+\")?>{heading}</h2>", page), heading
 
 
+@pytest.mark.slow  # writes a report
 def test_page_shows_changed_items_and_completions_escaped(report):
     _, _, _, page = report
     atlas = _section(page, "<h3>ATLAS on micro (micro)</h3>", "<h3>LoRA")
@@ -167,6 +173,7 @@ def test_unreadable_samples_are_named(tmp_path):
     assert lora.why == "seed 0 at scale 1" and ewc.retained_note == ewc.code_note == SM.NOT_A_FOLDER
 
 
+@pytest.mark.slow  # writes a report
 def test_page_is_deterministic_and_stale_pages_go(report, tmp_path):
     root, out, _, _ = report
     again = tmp_path / "again"
@@ -212,6 +219,7 @@ def test_chromium_reports_console_errors(tmp_path):
     assert any("boom" in ln for ln in console) and any("nothing is not defined" in ln for ln in console)
 
 
+@pytest.mark.slow  # writes a report
 def test_chromium_renders_the_page_without_console_errors(report, tmp_path):
     _, out, _, _ = report
     png = tmp_path / "index.png"
