@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 from analysis import bootstrap as BT
 from analysis import matched as MT
+from analysis.samples import DEFAULT_SAMPLES
 
 EXAMPLES = """examples:
   python -m analysis collect runs multirun/2026-12-01 --out results.parquet
@@ -63,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--split-incomparable", action="store_true",
                    help="runs of one backbone and benchmark that differ in split, benchmark version, backbone weights "
                         "or evaluation sizes form groups of their own, labelled by what differs (refused otherwise)")
+    r.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
+                   help="changed retained items per set and domain, and code completions, shown per method in "
+                        "index.html (default: %(default)s)")
     r.add_argument("--check", action="store_true",
                    help="do not write: re-run into a temporary folder and compare with FOLDER byte by byte")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -142,10 +146,11 @@ def _report(args, api) -> int:
     levels = [lv.spec for lv in MT.parse_levels(args.levels)]
     reference = MT.parse_reference(args.reference).spec
     command = default_command(args.dirs, args.out, levels, args.primary, args.interpolate, args.wandb, reference,
-                              args.variants, args.resamples, args.split_incomparable)
+                              args.variants, args.resamples, args.split_incomparable, args.samples)
     kwargs = dict(levels=levels, primary=args.primary, interpolate=args.interpolate, wandb_paths=args.wandb,
                   api=api, command=command, progress=not args.no_progress, reference=reference,
-                  variants=args.variants, resamples=args.resamples, split_incomparable=args.split_incomparable)
+                  variants=args.variants, resamples=args.resamples, split_incomparable=args.split_incomparable,
+                  samples=args.samples)
     if args.check:
         diffs = check_report(args.dirs, args.out, **kwargs)
         if diffs:
@@ -168,7 +173,7 @@ def _report(args, api) -> int:
         print(f"test reads: {len(rep.ledger.reads)} in {', '.join(rep.ledger.paths)}")
         for problem in rep.ledger.problems:
             print(f"  {problem}")
-    print(f"index: {rep.folder / 'index.md'}")
+    print(f"index: {rep.folder / 'index.md'} (one page: {rep.folder / 'index.html'})")
     return 0
 
 

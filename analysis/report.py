@@ -1,4 +1,5 @@
-"""The report folder: every table (Markdown + LaTeX), figure (PNG + PDF) and data file, and `index.md`.
+"""The report folder: every table (Markdown + LaTeX), figure (PNG + PDF) and data file, `index.md`, and
+`index.html` (all of it on one self-contained page, with samples of what each method changed: `analysis.html_page`).
 
 Deterministic: the same records and the same command give byte-identical files (no timestamps,
 sorted inputs, fixed float formatting, figure metadata without dates), so a committed report can
@@ -22,7 +23,8 @@ from analysis import comparable
 from analysis import figures as figure_render
 from analysis import matched as MT
 from analysis import methods as M
-from analysis import pareto, read_ledger, render, schema
+from analysis import html_page, pareto, read_ledger, render, schema
+from analysis import samples as SM
 from analysis.analyze import Analysis, analyze
 from analysis.collect import Collection, collect, machine_counts, thread_counts, threads_text
 from analysis.schema import PER_ITEM_COL
@@ -34,7 +36,7 @@ from suite_schema import layout
 INDEX = "index.md"
 INDEX_TITLE = "# Analysis report"
 SUBDIRS = ("tables", "figures", "data")
-OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv")
+OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv", ".html")
 
 TABLE_TEXT = {
     "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
@@ -175,7 +177,7 @@ def _index(rep: Report, command: str, tables, figures, missing, data_files) -> s
     a, col = rep.analysis, rep.collection
     runs = a.runs
     lines = [INDEX_TITLE, "", "Regenerate (and check against this folder) with:", "",
-             "```", command, "```", "", "## Runs", ""]
+             "```", command, "```", "", html_page.INDEX_LINE, "", "## Runs", ""]
     counts = col.counts()
     lines.append(f"- Sources read (record files and W&B runs): {col.n_sources}")
     lines.append(f"- Complete runs used: {len(runs)}")
@@ -299,7 +301,7 @@ def _clean_stale(folder: Path, written: set[Path]) -> None:
 def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str], primary: Optional[int],
                     interpolate: bool, wandb_paths: Sequence[str], reference: str = MT.DEFAULT_REFERENCE,
                     variants: Sequence[str] = (), resamples: int = BT.DEFAULT_RESAMPLES,
-                    split_incomparable: bool = False) -> str:
+                    split_incomparable: bool = False, samples: int = SM.DEFAULT_SAMPLES) -> str:
     """The command line that regenerates a report with these arguments."""
     args = ["python", "-m", "analysis", "report", *map(str, dirs), "--out", str(out), "--levels", *map(str, levels)]
     if any(MT.parse_level(lv).kind == "gain" for lv in levels):
@@ -316,6 +318,8 @@ def default_command(dirs: Sequence[str], out: str | Path, levels: Sequence[str],
         args += ["--resamples", str(resamples)]
     if split_incomparable:
         args.append(comparable.SPLIT_FLAG)
+    if samples != SM.DEFAULT_SAMPLES:
+        args += ["--samples", str(samples)]
     return shlex.join(args)
 
 
@@ -333,14 +337,18 @@ def write_report(
     variants: Sequence[str] = (),
     resamples: int = BT.DEFAULT_RESAMPLES,
     split_incomparable: bool = False,
+    samples: int = SM.DEFAULT_SAMPLES,
 ) -> Report:
-    """Collect, analyse and write every table, figure and data file plus `index.md` into `out`. `variants`: knobs
-    whose non-default settings make a method's records a method of their own (`analysis.variants`); `resamples`: of the
-    bootstrap over code problems and retained items (`analysis.bootstrap`). A table in `tables.OPTIONAL` with nothing
-    to show is not written; `Report.absent` says why. Nothing is written, and ValueError says why in one line, when
-    no record is complete, when runs of one table group are not comparable (`analysis.comparable`; with
-    `split_incomparable` each kind becomes a group of its own) or when a gain level lacks its base or reference runs."""
+    """Collect, analyse and write every table, figure and data file plus `index.md` and `index.html` into `out`.
+    `variants`: knobs whose non-default settings make a method's records a method of their own (`analysis.variants`);
+    `resamples`: of the bootstrap over code problems and retained items (`analysis.bootstrap`); `samples`: changed
+    items and code completions shown per method and group in `index.html` (`analysis.samples`). A table in
+    `tables.OPTIONAL` with nothing to show is not written; `Report.absent` says why. Nothing is written, and ValueError
+    says why in one line, when no record is complete, when runs of one table group are not comparable
+    (`analysis.comparable`; with `split_incomparable` each kind becomes a group of its own) or when a gain level lacks
+    its base or reference runs."""
     BT.check_resamples(resamples)
+    SM.check_samples(samples)
     folder = Path(out)
     # Stale files are only removed from a folder this command owns: new, or holding an earlier report.
     owned = not folder.exists() or _is_report(folder)
@@ -351,7 +359,7 @@ def write_report(
     rep = Report(folder, col, a, ledger=read_ledger.read_ledgers(dirs))
     if command is None:
         command = default_command(dirs, out, [lv.spec for lv in a.levels], primary, interpolate, wandb_paths,
-                                  a.reference.spec, variants, resamples, split_incomparable)
+                                  a.reference.spec, variants, resamples, split_incomparable, samples)
 
     written: list[Path] = []
     tables = []
@@ -395,7 +403,12 @@ def write_report(
         written += paths
         figures.append((spec, [f"figures/{p.name}" for p in paths]))
 
-    written.append(_write(folder / INDEX, _index(rep, command, tables, figures, missing, data_files)))
+    index = _index(rep, command, tables, figures, missing, data_files)
+    written.append(_write(folder / INDEX, index))
+    shown = SM.method_samples(a.runs, a.matched_seed, a.primary_level.spec, samples)
+    written.append(_write(folder / html_page.HTML_INDEX, html_page.page(
+        index, [(t, TABLE_TEXT.get(t.name, "")) for t, _ in tables],
+        [(spec.title, folder / p) for spec, paths in figures for p in paths if p.endswith(".png")], missing, shown)))
     if owned:
         _clean_stale(folder, {p.resolve() for p in written})
     rep.files = sorted(written, key=str)
@@ -440,7 +453,8 @@ def check_report(dirs: Sequence[str], out: str | Path, **kwargs) -> list[str]:
         kwargs["command"] = default_command(dirs, out, levels, kwargs.get("primary"), kwargs.get("interpolate", True),
                                             kwargs.get("wandb_paths", ()), kwargs.get("reference", MT.DEFAULT_REFERENCE),
                                             kwargs.get("variants", ()), kwargs.get("resamples", BT.DEFAULT_RESAMPLES),
-                                            kwargs.get("split_incomparable", False))
+                                            kwargs.get("split_incomparable", False),
+                                            kwargs.get("samples", SM.DEFAULT_SAMPLES))
     tmp = Path(tempfile.mkdtemp(prefix="analysis-check-"))
     try:
         write_report(dirs, tmp, **kwargs)

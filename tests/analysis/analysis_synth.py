@@ -132,3 +132,32 @@ def scenario() -> list[dict]:
         recs += sweep("ewc", [(300, [(0.25, 0.040), (0.24, 0.041), (0.26, 0.043)])], **kw)
         recs += sweep("atlas_nogate", [(300, [(0.31, 0.040), (0.30, 0.045), (0.32, 0.042)])], **kw)
     return recs
+
+
+def retained_item(index: int, kind: str, changed: bool, *, domain: Optional[str] = None, set_: str = "near",
+                  prompt: Optional[str] = None, **fields) -> dict:
+    """One entry of a run's `retained_samples.json`: a math item (answers "1" vs "2" when changed) or a choice item
+    (choice 0 vs 1 when changed)."""
+    item: dict[str, Any] = {"set": set_, "domain": domain or ("math" if kind == "math" else "commonsense"),
+                            "kind": kind, "index": index, "id": None, "prompt": prompt or f"{kind} question {index}"}
+    if kind == "math":
+        item.update(gold="1", base_answer="1", adapted_answer="2" if changed else "1", base_text="so the answer is 1",
+                    adapted_text=f"so the answer is {'2' if changed else '1'}")
+    else:
+        item.update(gold=0, choices=["the first", "the second"], base_choice=0, adapted_choice=1 if changed else 0,
+                    base_choice_norm=0, adapted_choice_norm=1 if changed else 0)
+    item["changed"] = changed
+    return {**item, **fields}
+
+
+def code_item(task_id: str, index: int, passed: bool, completion: str = "    return x", kind: str = "greedy") -> dict:
+    """One entry of a run's `code_samples.json`, as `experiments.evaluation.evaluate` stores it."""
+    return {"task_id": task_id, "kind": kind, "index": index, "completion": completion,
+            "status": "passed" if passed else "failed", "reason": "" if passed else "AssertionError: wrong answer"}
+
+
+def write_samples(record_path: Path, retained: Optional[list] = None, code: Optional[list] = None) -> None:
+    """Write `retained_samples.json` and/or `code_samples.json` next to a record (None: not written)."""
+    for name, data in (("retained_samples.json", retained), ("code_samples.json", code)):
+        if data is not None:
+            (Path(record_path).parent / name).write_text(json.dumps(data, indent=1))
