@@ -206,3 +206,30 @@ def test_group_is_configured_else_the_preset_else_the_sweep_folder_else_none(mon
     finally:
         HydraConfig.instance().cfg = None
 
+
+
+@pytest.mark.slow
+def test_a_run_with_logger_wandb_logs_its_record_and_a_skipped_complete_run_is_logged_once(
+        tiny_backbone_dir, tiny_benchmark_dir, tmp_path, wandb_env):
+    from tests.conftest import run_cli, tiny_overrides
+
+    args = ["method=lora", "logger=wandb", "logger.group=e2e",
+            *tiny_overrides(tiny_backbone_dir, tiny_benchmark_dir, tmp_path / "runs", tmp_path / "cache")]
+    first = run_cli(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob(f"*/{layout.RECORD_NAME}")]
+    (path,) = offline_runs(run_dir)
+    run = read_run(path)
+    assert (run.run_id, run.group, run.job_type) == (run_dir.name, "e2e", "lora")
+    assert run.artifacts[0]["files"] == ["code_samples.json", "record.json"]
+    rec = json.loads((run_dir / layout.RECORD_NAME).read_text())
+    assert run.summary["metrics/target/pass@1"] == rec["metrics"]["target"]["pass@1"]
+    # Skipped as complete: its W&B run already holds the record; once the marker is gone, the record is logged.
+    second = run_cli(args)
+    assert second.returncode == 0 and "already logged" in second.stdout, second.stdout[-2000:]
+    assert len(offline_runs(run_dir)) == 1
+    (run_dir / "wandb" / wandb_artifacts.MARKER_NAME).unlink()
+    third = run_cli(args)
+    assert f"W&B: {run_dir.name} lora seed 0: logged (group e2e, job type lora" in third.stdout, third.stdout[-2000:]
+    runs = [read_run(p) for p in offline_runs(run_dir)]
+    assert len(runs) == 2 and runs[0].artifacts[0]["digest"] == runs[1].artifacts[0]["digest"]
