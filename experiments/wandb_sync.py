@@ -10,7 +10,8 @@ metrics and costs flattened as the live logger writes them, group = `--group`, e
 experiment preset (its `.hydra/` files), job type = the method, and its files as the artifact `record-<run id>`. A
 run whose W&B folder says it was logged complete with the same files, project and mode is skipped (`--force` logs it
 again); W&B dedupes an artifact logged again with the same contents. One line per run on stdout.
-Offline W&B folders go to `<run_dir>/wandb/offline-run-*` (with `--dir D`: `D/<run_id>/wandb/`); `wandb sync` them.
+Offline W&B folders go to `<run_dir>/wandb/offline-run-*` (with `--dir D`: `D/<run_id>/wandb/`; the report's: `./wandb/`
+or `D/wandb/`); `wandb sync` them.
 """
 
 from __future__ import annotations
@@ -112,14 +113,14 @@ def log_finished(run_dir: Path, settings: Any, group: Optional[str] = None, wand
 def log_report(report_dir: Path, settings: Any, group: Optional[str] = None,
                wandb_dir: Optional[Path] = None) -> str:
     """Log the analysis report folder `report_dir` as the `report` artifact `report-<parent>-<folder name>` (its
-    last two path parts, e.g. `report-dev_defaults-report`) from the W&B run
-    of the same id (job type `report`); its W&B folder goes beside the report (or into `wandb_dir`). Returns the
-    progress line."""
+    last two path parts, e.g. `report-dev_defaults-report`) from the W&B run of the same id (job type `report`); its
+    W&B folder goes into `wandb_dir`, else the current directory (`./wandb/`, W&B's own default), never into a report
+    folder that may be committed. Returns the progress line."""
     import wandb
 
     report_dir = Path(report_dir).resolve()
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(report_dir.parts[-2:])).strip("-.") or "report"
-    where = Path(wandb_dir) if wandb_dir is not None else report_dir.parent
+    where = Path(wandb_dir) if wandb_dir is not None else Path.cwd()
     where.mkdir(parents=True, exist_ok=True)
     run = wandb.init(project=settings.project, entity=settings.entity, mode=settings.mode, id=f"report-{slug}",
                      resume="allow", name=f"report-{slug}", dir=str(where), group=group, job_type="report",

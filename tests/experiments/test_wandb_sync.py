@@ -1,6 +1,8 @@
 """W&B offline: group and job type, the run-record artifact of a complete run, and `experiments.wandb_sync` logging
 finished runs from their records (the committed dev records, copied), read back from the offline run files."""
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -57,14 +59,14 @@ def synced(tmp_path_factory, wandb_env):
     (failed / layout.RECORD_NAME).write_text(json.dumps({"run_id": "0000000000000000", "status": "failed",
                                                          "method": "lora"}))
     outs = []
-    for _ in range(2):
-        import contextlib
-        import io
-
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            assert wandb_sync.main([str(root), "--report", str(_report(root))]) == 0
-        outs.append(buf.getvalue())
+    report = _report(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(report.parent)  # the report's W&B folder goes to ./wandb
+        for _ in range(2):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                assert wandb_sync.main([str(root), "--report", str(report)]) == 0
+            outs.append(buf.getvalue())
     return root, outs[0], outs[1]
 
 
@@ -177,7 +179,8 @@ def test_live_logger_sets_group_job_type_and_logs_the_record_artifact(tmp_path, 
     # A configured job type wins over the method's name.
     other = make_logger(wandb_cfg(job_type="probe"), "fedcba9876543210", tmp_path / "o", {}, "y", job_type="lora")
     other.close()
-    assert read_run(offline_runs(tmp_path / "o")[0]).job_type == "probe"
+    probe = read_run(offline_runs(tmp_path / "o")[0])
+    assert probe.job_type == "probe", (probe, offline_runs(tmp_path / "o"))
 
 
 def test_group_is_configured_else_the_preset_else_the_sweep_folder_else_none(monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,8 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 def raw_records(path: Path) -> list[bytes]:
     """The serialized records of the file, in order."""
     data = Path(path).read_bytes()
+    if len(data) < HEADER:  # not written yet
+        return []
     ident, magic, version = struct.unpack("<4sHB", data[:HEADER])
     assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), (ident, magic, version)
     out, pos, pending = [], HEADER, b""
@@ -56,12 +59,24 @@ class OfflineRun:
     artifacts: list = field(default_factory=list)  # dicts: name, type, digest, files (manifest paths)
 
 
-def read_run(path: Path) -> OfflineRun:
-    """Parse the offline run file at `path`."""
+def read_run(path: Path, timeout: float = 10.0) -> OfflineRun:
+    """Parse the offline run file at `path`. wandb-core (another process) may still be writing it when `finish()` has
+    returned: wait up to `timeout` seconds for the run's exit record."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    deadline = time.monotonic() + timeout
+    while True:
+        raws = raw_records(path)
+        kinds = set()
+        for raw in raws:
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            kinds.add(rec.WhichOneof("record_type"))
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     run = OfflineRun()
-    for raw in raw_records(path):
+    for raw in raws:
         rec = pb.Record()
         rec.ParseFromString(raw)
         kind = rec.WhichOneof("record_type")
