@@ -4,6 +4,7 @@ finished runs from their records (the committed dev records, copied), read back 
 import contextlib
 import io
 import json
+import os
 import shutil
 
 import pytest
@@ -236,3 +237,12 @@ def test_a_run_with_logger_wandb_logs_its_record_and_a_skipped_complete_run_is_l
     assert f"W&B: {run_dir.name} lora seed 0: logged (group e2e, job type lora" in third.stdout, third.stdout[-2000:]
     runs = [read_run(p) for p in offline_runs(run_dir)]
     assert len(runs) == 2 and runs[0].artifacts[0]["digest"] == runs[1].artifacts[0]["digest"]
+
+
+def test_a_new_sweep_folder_names_itself_to_the_jobs(tmp_path, monkeypatch):
+    from hydra_plugins.atlas_sweep.planner import new_sweep_folder
+
+    monkeypatch.delenv(SWEEP_FOLDER_ENV, raising=False)
+    folder = new_sweep_folder(tmp_path)
+    assert folder.parent == tmp_path / ".sweeps" and folder.is_dir()
+    assert os.environ[SWEEP_FOLDER_ENV] == folder.name
