@@ -148,7 +148,11 @@ def _skipped(run_id: str, run_dir: Path, typed: DictConfig) -> dict:
     if typed.logger.kind == "wandb":
         from experiments.wandb_sync import log_finished
 
-        log.info("W&B: %s", log_finished(run_dir, typed.logger, wandb_group(typed.logger.group)))
+        try:
+            log.info("W&B: %s", log_finished(run_dir, typed.logger, wandb_group(typed.logger.group)))
+        except Exception as exc:  # the run is complete either way; W&B being unreachable is no failure of it
+            log.warning("W&B: %s: its record was not logged (%s: %s); `python -m experiments.wandb_sync %s` logs it",
+                        run_id, type(exc).__name__, exc, run_dir)
     return records.read_record(run_dir)
 
 

@@ -246,3 +246,19 @@ def test_a_new_sweep_folder_names_itself_to_the_jobs(tmp_path, monkeypatch):
     folder = new_sweep_folder(tmp_path)
     assert folder.parent == tmp_path / ".sweeps" and folder.is_dir()
     assert os.environ[SWEEP_FOLDER_ENV] == folder.name
+
+
+def test_a_complete_run_is_still_skipped_when_wandb_cannot_log_it(tmp_path, monkeypatch, caplog):
+    from experiments import job
+
+    run_dir = tmp_path / PRESET
+    shutil.copytree(DEV / "records" / PRESET, run_dir)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(wandb_sync, "log_finished", unreachable)
+    with caplog.at_level("WARNING", logger="suite.run"):
+        rec = job._skipped(PRESET, run_dir, OmegaConf.create({"logger": wandb_cfg(mode="online")}))
+    assert rec["run_id"] == PRESET
+    assert f"W&B: {PRESET}: its record was not logged (ConnectionError: no network)" in caplog.text
