@@ -184,6 +184,8 @@ class LoggerConfig:
     entity: Optional[str] = None
     mode: Optional[str] = None
     tags: List[str] = field(default_factory=list)
+    group: Optional[str] = None  # None: derived (experiments.logger.wandb_group)
+    job_type: Optional[str] = None  # None: the method's name
 
 
 @dataclass
@@ -315,6 +317,9 @@ def _validate(data: dict) -> DictConfig:
     if lg.kind == "wandb":
         require("logger.mode", lg.mode, lg.mode in WANDB_MODES, f"one of {list(WANDB_MODES)}")
         require("logger.project", lg.project, bool(lg.project), "a W&B project name")
+        for key in ("group", "job_type"):  # W&B allows at most 128 characters for either
+            require(f"logger.{key}", lg[key], lg[key] is None or 0 < len(lg[key]) <= 128,
+                    "null (derived) or a name of 1 to 128 characters")
 
     bm = typed.benchmark
     require("benchmark.split", bm.split, bm.split in BENCHMARK_SPLITS, f"one of {list(BENCHMARK_SPLITS)}")

@@ -41,7 +41,7 @@ from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
 from experiments.log import console, run_log
 from experiments.run_summary import summary_lines
-from experiments.logger import make_logger
+from experiments.logger import make_logger, run_name, wandb_group
 from experiments.methods import (
     Method,
     MethodConfigError,
@@ -124,7 +124,7 @@ def run(cfg: DictConfig) -> dict:
     run_dir = resolve_run_dir(typed, run_id)
     scales, refinement = required_scales(typed), required_refinement(typed)
     if records.is_complete(run_dir, run_id, scales, refinement) and not rerun.requested(typed.rerun_before, run_dir):
-        return _skipped(run_id, run_dir)
+        return _skipped(run_id, run_dir, typed)
 
     method: Method = build_method(typed.method)
     require_available(typed.backbone)
@@ -137,12 +137,22 @@ def run(cfg: DictConfig) -> dict:
             log.info("%s: %s (rerun_before=%s): running it again from scratch; the old records are in %s",
                      run_id, reason, typed.rerun_before, kept)
         elif records.is_complete(run_dir, run_id, scales, refinement):  # finished by the launch this one waited for
-            return _skipped(run_id, run_dir)
+            return _skipped(run_id, run_dir, typed)
         return _launch(typed, resolved, run_id, run_dir, method, benchmark)
 
 
-def _skipped(run_id: str, run_dir: Path) -> dict:
+def _skipped(run_id: str, run_dir: Path, typed: DictConfig) -> dict:
+    """A complete run: nothing to compute. With logger=wandb its record is logged to W&B unless its W&B run already
+    holds it (`experiments.wandb_sync.log_finished`)."""
     log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
+    if typed.logger.kind == "wandb":
+        from experiments.wandb_sync import log_finished
+
+        try:
+            log.info("W&B: %s", log_finished(run_dir, typed.logger, wandb_group(typed.logger.group)))
+        except Exception as exc:  # the run is complete either way; W&B being unreachable is no failure of it
+            log.warning("W&B: %s: its record was not logged (%s: %s); `python -m experiments.wandb_sync %s` logs it",
+                        run_id, type(exc).__name__, exc, run_dir)
     return records.read_record(run_dir)
 
 
@@ -177,8 +187,8 @@ def _launch(typed: DictConfig, resolved: dict, run_id: str, run_dir: Path, metho
         # (an `interrupted` record naming a checkpoint since replaced) no longer speaks for the run.
         records.atomic_write_json(run_dir / layout.RECORD_NAME,
                                   {**base_record, "provenance": records.provenance(started)})
-        name = f"{method.name}-{typed.backbone.name}-s{typed.seed}-{run_id[:8]}"
-        logger = make_logger(typed.logger, run_id, run_dir, science, name)
+        name = run_name(method.name, typed.backbone.name, typed.seed, run_id)
+        logger = make_logger(typed.logger, run_id, run_dir, science, name, job_type=method.name)
         job = Job(typed, run_id, run_dir, method, benchmark, logger, base_record, started)
         with failure_guard(run_dir, base_record, logger):
             return job.run()
@@ -304,6 +314,7 @@ class Job:
             method.scale(model, 1.0)
         records.atomic_write_json(self.run_dir / layout.RECORD_NAME, record)
         self.logger.summary({"metrics": record["metrics"], "cost": record["cost"]})
+        self.logger.log_run_files(self.run_dir, record)
         result = logging.getLogger("suite.result")
         for line in summary_lines(record, self.run_dir / layout.RECORD_NAME):
             result.info("%s", line)

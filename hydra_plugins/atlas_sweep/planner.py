@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 import experiments
 from experiments import exit_codes, records, rerun, run_lock
 from experiments.log import console
+from experiments.logger import SWEEP_FOLDER_ENV
 from experiments.run_id import register_run_id_resolver
 from experiments.run_summary import summary_row, table_lines
 from experiments.validation import ConfigError, not_allowed
@@ -214,7 +215,8 @@ def plan_or_exit(config: DictConfig, hydra_context: Any, job_overrides: Sequence
 
 
 def new_sweep_folder(sweep_dir: str | Path) -> Path:
-    """A fresh folder `<sweep_dir>/.sweeps/<timestamp>-<pid>` for this launch."""
+    """A fresh folder `<sweep_dir>/.sweeps/<timestamp>-<pid>` for this launch; its name goes to the jobs in the
+    environment (`experiments.logger.SWEEP_FOLDER_ENV`: their W&B group when no preset names one)."""
     root = Path(sweep_dir) / SWEEPS_DIR
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     folder = root / f"{stamp}-{os.getpid()}"
@@ -223,6 +225,7 @@ def new_sweep_folder(sweep_dir: str | Path) -> Path:
         n += 1
         folder = root / f"{stamp}-{os.getpid()}-{n}"
     folder.mkdir(parents=True)
+    os.environ[SWEEP_FOLDER_ENV] = folder.name
     return folder
 
 

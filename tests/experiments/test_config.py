@@ -121,6 +121,9 @@ def test_bad_enum_values_list_what_is_allowed():
         validate_config(composed("train.scheduler=wavy"))
     with pytest.raises(ConfigError, match=r"logger.mode='loud'"):
         validate_config(composed("logger=wandb", "logger.mode=loud"))
+    assert validate_config(composed("logger=wandb", "logger.group=g1")).logger.group == "g1"
+    with pytest.raises(ConfigError, match=r"logger.job_type='' is not allowed: null \(derived\) or a name"):
+        validate_config(composed("logger=wandb", "logger.job_type=''"))
 
 
 def test_missing_local_data_path(tmp_path):
