@@ -20,6 +20,7 @@ import pandas as pd
 from analysis import schema
 from experiments.progress import progress_bar
 from suite_schema import layout
+from suite_schema.layout import find_records
 
 # W&B run states -> record status.
 WANDB_STATES = {
@@ -34,7 +35,6 @@ WANDB_STATES = {
 }
 
 
-RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", layout.SUPERSEDED_DIR, "__pycache__")
 _RUN_ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -80,33 +80,6 @@ class _Entry:
 def _one_line(text: Any, limit: int = 300) -> str:
     s = " ".join(str(text).split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def find_records(dirs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
-    """Record files under `dirs` (recursively; a path may also be a record file) and run directories
-    without one (a folder holding `.hydra/` or `run.log` but no `record.json`: still running, or killed
-    before writing). Both lists are sorted, each path once."""
-    records: set[Path] = set()
-    bare: set[Path] = set()
-    for d in dirs:
-        root = Path(d)
-        if root.is_file():
-            records.add(root)
-            continue
-        if not root.is_dir():
-            raise FileNotFoundError(f"{root}: no such run directory or record file")
-        for cur, subdirs, files in os.walk(root):
-            subdirs.sort()
-            here = Path(cur)
-            if layout.RECORD_NAME in files:
-                records.add(here / layout.RECORD_NAME)
-            elif ".hydra" in subdirs or "run.log" in files:
-                bare.add(here)
-            # Nothing analysis needs lives in a run's own subfolders (checkpoints, exports, W&B files).
-            is_run = layout.RECORD_NAME in files or ".hydra" in subdirs or "run.log" in files
-            skip = RUN_SUBDIRS if is_run else (".hydra", "__pycache__")
-            subdirs[:] = [s for s in subdirs if s not in skip]
-    return sorted(records, key=str), sorted(bare, key=str)
 
 
 def _read(path: Path) -> _Entry:

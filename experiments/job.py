@@ -146,6 +146,7 @@ def _skipped(run_id: str, run_dir: Path, typed: DictConfig) -> dict:
     holds it (`experiments.wandb_sync.log_finished`)."""
     log.info("%s: complete record in %s; skipped (nothing to do)", run_id, run_dir)
     if typed.logger.kind == "wandb":
+        # here, not at the top: only logger=wandb needs it
         from experiments.wandb_sync import log_finished
 
         try:

@@ -10,6 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from experiments import wandb_artifacts
+from experiments.wandb_artifacts import flatten
+
 #: Environment variable naming the sweep folder (`<run_root>/.sweeps/<name>`) of the launch a job belongs to; the
 #: sweep launchers set it (hydra_plugins/atlas_sweep/planner.py `new_sweep_folder`).
 SWEEP_FOLDER_ENV = "ATLAS_SWEEP_FOLDER"
@@ -66,29 +69,13 @@ class WandbLogger:
 
     def log_run_files(self, run_dir: Path, record: dict) -> None:
         """Log the complete run's record files (its own and its scales') as its `run-record` artifact."""
-        from experiments import wandb_artifacts
-
         wandb_artifacts.log_run_files(self.run, run_dir, record)
         self._logged = run_dir
 
     def close(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
         if self._logged is not None and exit_code == 0:
-            from experiments import wandb_artifacts
-
             wandb_artifacts.mark_logged(self._wandb_dir, self._logged, self._cfg)
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a/b": 1}; lists and scalars are kept as leaves."""
-    out = {}
-    for key, value in d.items():
-        name = f"{prefix}/{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            out.update(flatten(value, name))
-        else:
-            out[name] = value
-    return out
 
 
 def run_name(method: str, backbone: str, seed: Any, run_id: str) -> str:
@@ -98,10 +85,11 @@ def run_name(method: str, backbone: str, seed: Any, run_id: str) -> str:
 
 def wandb_group(configured: Optional[str]) -> Optional[str]:
     """The W&B group of the run this process runs: `logger.group` when set; else the experiment preset Hydra composed
-    (`+experiment=<name>`); else, in a multirun sweep, `sweep-<sweep folder name>` (one per launch); else None (a
+    (`experiment=<name>`); else, in a multirun sweep, `sweep-<sweep folder name>` (one per launch); else None (a
     single run has no group)."""
     if configured:
         return str(configured)
+    # here, not at the top: only logger=wandb needs Hydra's runtime state
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

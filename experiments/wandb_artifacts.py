@@ -19,9 +19,21 @@ RUN_RECORD_TYPE = "run-record"
 REPORT_TYPE = "report"
 #: A run's files (its own and each post-hoc scale's) that go into its artifact, where present. `retained_samples.json`
 #: holds the stored answers on the retained domains.
-RUN_FILES = (layout.RECORD_NAME, layout.CODE_SAMPLES_NAME, "retained_samples.json")
+RUN_FILES = (layout.RECORD_NAME, layout.CODE_SAMPLES_NAME, layout.RETAINED_SAMPLES_NAME)
 #: In a run's W&B folder (`<dir>/wandb/`): where, and with which files, the run's W&B run was last logged complete.
 MARKER_NAME = "atlas-logged.json"
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a/b": 1}; lists and scalars are kept as leaves."""
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
 
 
 def artifact_name(run_id: str) -> str:
@@ -53,7 +65,6 @@ def scale_records(run_dir: Path, run_id: str) -> dict[str, dict]:
 def summary_of(record: dict, scales: dict[str, dict]) -> dict:
     """The W&B summary of a complete record: `metrics/...` and `cost/...` flattened with `/`, and each scale's
     `scale/<label>/metrics/...`: the keys the live logger writes (`experiments.job`)."""
-    from experiments.logger import flatten
 
     tree = {"metrics": records.part(record, "metrics"), "cost": records.part(record, "cost")}
     tree.update({f"scale/{label}": {"metrics": records.part(rec, "metrics")} for label, rec in scales.items()})
@@ -70,6 +81,7 @@ def files_digest(run_dir: Path) -> str:
 
 def log_run_files(run: Any, run_dir: Path, record: dict) -> Any:
     """Log the run's files (`run_files`) as its `run-record` artifact from the W&B run `run` and return it."""
+    # here, not at the top: wandb takes a second to import and only logger=wandb needs it
     import wandb
 
     art = wandb.Artifact(artifact_name(record["run_id"]), type=RUN_RECORD_TYPE,

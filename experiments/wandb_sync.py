@@ -4,7 +4,7 @@ too; and log an analysis report folder as a `report` artifact.
     python -m experiments.wandb_sync runs [runs_dev/abc...] [--project P] [--entity E] [--mode offline|online]
                                      [--group G] [--dir D] [--report REPORT_DIR] [--force]
 
-Each complete record under the paths (`analysis.collect.find_records`; a post-hoc scale's record goes with its run)
+Each complete record under the paths (`suite_schema.layout.find_records`; a post-hoc scale's record goes with its run)
 becomes the W&B run whose id is the run id (resumed where it exists): config = the record's config, summary = its
 metrics and costs flattened as the live logger writes them, group = `--group`, else the run's `logger.group` or
 experiment preset (its `.hydra/` files), job type = the method, and its files as the artifact `record-<run id>`. A
@@ -55,13 +55,11 @@ def run_dirs(paths: Sequence[str]) -> tuple[list[Path], list[str]]:
     """The run directories holding a record under each path (a run root, a run directory or a record file), sorted,
     each once; and one error line for each path that is missing or holds no record. A post-hoc scale's folder is
     no run directory of its own."""
-    from analysis.collect import find_records  # pandas, no torch
-
     found: set[Path] = set()
     errors = []
     for path in paths:
         try:
-            recs = find_records([path])[0]
+            recs = layout.find_records([path])[0]
         except FileNotFoundError as exc:
             errors.append(str(exc))
             continue
@@ -116,6 +114,7 @@ def log_report(report_dir: Path, settings: Any, group: Optional[str] = None,
     last two path parts, e.g. `report-dev_defaults-report`) from the W&B run of the same id (job type `report`); its
     W&B folder goes into `wandb_dir`, else the current directory (`./wandb/`, W&B's own default), never into a report
     folder that may be committed. Returns the progress line."""
+    # here, not at the top: wandb takes a second to import; --help and errors stay fast
     import wandb
 
     report_dir = Path(report_dir).resolve()

@@ -8,8 +8,9 @@ scale, `<run_dir>/scales/<alpha>/record.json`, with the run id `<run_id>@<alpha>
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 RECORD_NAME = "record.json"
 #: Every code completion of an evaluation with its sandbox verdict, next to the record it belongs to.
@@ -250,3 +251,34 @@ def _validate_complete(record: dict) -> Optional[str]:
         if value is not None and not is_number(value):
             return f"'config.train.{key}' is {type_name(value)}, expected a number"
     return None
+
+
+#: A run directory's own subfolders, where no record a reader wants lives (checkpoints, exports, W&B files).
+RUN_SUBDIRS = (".hydra", "wandb", "checkpoints", "export", SUPERSEDED_DIR, "__pycache__")
+
+
+def find_records(dirs: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """Record files under `dirs` (recursively; a path may also be a record file) and run directories
+    without one (a folder holding `.hydra/` or `run.log` but no `record.json`: still running, or killed
+    before writing). Both lists are sorted, each path once."""
+    records: set[Path] = set()
+    bare: set[Path] = set()
+    for d in dirs:
+        root = Path(d)
+        if root.is_file():
+            records.add(root)
+            continue
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root}: no such run directory or record file")
+        for cur, subdirs, files in os.walk(root):
+            subdirs.sort()
+            here = Path(cur)
+            if RECORD_NAME in files:
+                records.add(here / RECORD_NAME)
+            elif ".hydra" in subdirs or "run.log" in files:
+                bare.add(here)
+            # Nothing analysis needs lives in a run's own subfolders (checkpoints, exports, W&B files).
+            is_run = RECORD_NAME in files or ".hydra" in subdirs or "run.log" in files
+            skip = RUN_SUBDIRS if is_run else (".hydra", "__pycache__")
+            subdirs[:] = [s for s in subdirs if s not in skip]
+    return sorted(records, key=str), sorted(bare, key=str)

@@ -194,7 +194,7 @@ def test_group_is_configured_else_the_preset_else_the_sweep_folder_else_none(mon
     assert wandb_group("mine") == "mine"
     assert wandb_group(None) is None  # no Hydra: a plain single run
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        preset = compose("config", ["+experiment=micro_defaults", "+point=micro_base"], return_hydra_config=True)
+        preset = compose("config", ["experiment=micro_defaults", "+point=micro_base"], return_hydra_config=True)
         plain = compose("config", [], return_hydra_config=True)
     try:
         HydraConfig.instance().set_config(preset)
@@ -225,7 +225,7 @@ def test_a_run_with_logger_wandb_logs_its_record_and_a_skipped_complete_run_is_l
     (path,) = offline_runs(run_dir)
     run = read_run(path)
     assert (run.run_id, run.group, run.job_type) == (run_dir.name, "e2e", "lora")
-    assert run.artifacts[0]["files"] == ["code_samples.json", "record.json"]
+    assert run.artifacts[0]["files"] == ["code_samples.json", "record.json", "retained_samples.json"]
     rec = json.loads((run_dir / layout.RECORD_NAME).read_text())
     assert run.summary["metrics/target/pass@1"] == rec["metrics"]["target"]["pass@1"]
     # Skipped as complete: its W&B run already holds the record; once the marker is gone, the record is logged.
