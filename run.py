@@ -18,6 +18,7 @@ register_run_id_resolver()
 def main(cfg: DictConfig) -> None:
     # here, not at the top: `python run.py --help` and `--cfg job` stay fast without the runtime (torch)
     from experiments import exit_codes
+    from experiments.closed_output import say
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_dir import RunDirError
     from experiments.run_lock import RunBusyError, RunLockError
@@ -27,26 +28,34 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         if not isinstance(exc, RunDirError):  # a folder not the run's own is left as it is
             discard_rejected_run_dir()
         sys.exit(exit_codes.BAD_CONFIG)
     except Diverged as exc:  # recorded `failed` in phase train; its traceback says nothing more
-        print(f"failed: {exc}", file=sys.stderr)
+        say(f"failed: {exc}")
         sys.exit(exit_codes.FAILED)
     except RunBusyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         sys.exit(exit_codes.RUN_BUSY)
     except RunLockError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         sys.exit(exit_codes.FAILED)
     except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
-        print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
+        say(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run")
         sys.exit(exit_codes.INTERRUPTED)
 
 
 if __name__ == "__main__":
     from experiments.command_line import exit_on_error
 
+    from experiments.log import quiet_console
+
     exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
-    main()
+    quiet_console()  # `python run.py | head`: the run goes on to its record when its output closes
+    try:
+        main()
+    finally:
+        from experiments.closed_output import flush_quietly
+
+        flush_quietly()  # an output closed since the last write: Python's flush at exit must not fail the run

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from experiments.closed_output import QuietWhenClosed, is_closed_error, silence
+
 ROOT = "suite"
 RUN_LOG = "run.log"
 #: `extra=FILE_ONLY` on a record keeps it out of the console (a traceback Python prints anyway).
@@ -38,10 +40,24 @@ class TagFormatter(logging.Formatter):
 
 
 class _Stdout(logging.StreamHandler):
-    """A handler writing to whatever `sys.stdout` is at the time (captured output, redirected streams)."""
+    """A handler writing to whatever `sys.stdout` is at the time (captured output, redirected streams). When its
+    reader has gone (`| head`), the stream is silenced (`experiments.closed_output`), run.log says so once, and the
+    run goes on."""
 
     def __init__(self) -> None:
         super().__init__(sys.stdout)
+        self._gone: list = []  # the streams found closed (kept, not their ids: an id can be reused)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if exc is None or not is_closed_error(exc):
+            super().handleError(record)
+            return
+        stream = sys.stdout
+        if not any(s is stream for s in self._gone):
+            self._gone.append(stream)
+            silence(stream)
+            _note_closed("stdout")
 
     @property
     def stream(self):  # type: ignore[override]
@@ -55,6 +71,22 @@ class _Stdout(logging.StreamHandler):
 class _ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not getattr(record, "file_only", False)
+
+
+def _note_closed(name: str) -> None:
+    logging.getLogger(ROOT + ".run").warning(
+        "%s is closed (its reader has gone): console output stops here; run.log keeps every line", name,
+        extra=FILE_ONLY)
+
+
+def quiet_console() -> None:
+    """Make this process's `sys.stdout` and `sys.stderr` go quiet instead of raising once their reader has gone
+    (`python run.py 2>&1 | head`; `experiments.closed_output`), for every writer: the log, tqdm bars (ours and
+    libraries'), print. run.log notes when each closed. For an entry point (`run.py`), once, before any output."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, QuietWhenClosed):
+            setattr(sys, name, QuietWhenClosed(stream, on_close=lambda name=name: _note_closed(name)))
 
 
 def console() -> logging.Logger:

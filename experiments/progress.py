@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional, TextIO
 
 from tqdm.auto import tqdm
 
+from experiments.closed_output import QuietWhenClosed
+
 #: Seconds between two progress lines when the output is not a terminal.
 PLAIN_INTERVAL_S = 30.0
 
@@ -41,8 +43,12 @@ def _is_terminal(stream: Any) -> bool:
 
 
 def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
-    """`tqdm(iterable, **kwargs)` on a terminal; elsewhere the same bar as plain lines every `PLAIN_INTERVAL_S`."""
+    """`tqdm(iterable, **kwargs)` on a terminal; elsewhere the same bar as plain lines every `PLAIN_INTERVAL_S`.
+    Either way a bar whose output has gone (`2>&1 | head`) stops drawing and the loop goes on."""
     stream = kwargs.pop("file", None) or sys.stderr
+    if stream is None:  # Python started with stderr closed: nowhere to draw
+        kwargs["disable"], stream = True, sys.stdout
+    stream = QuietWhenClosed(stream)
     if not kwargs.get("disable") and not _is_terminal(stream):
         kwargs.update(file=PlainLines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S,
                       dynamic_ncols=False, ncols=100)
