@@ -39,7 +39,7 @@ from experiments.data.loaders import DataError
 from experiments.evaluation.evaluate import evaluate_run
 from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
-from experiments.log import console, run_log
+from experiments.log import console, run_log, timed_phase
 from experiments.run_summary import summary_lines
 from experiments.logger import make_logger
 from experiments.methods import (
@@ -249,7 +249,8 @@ class Job:
                  self.run_dir)
 
         set_phase("load")
-        model, self.tokenizer = load_backbone(bb, self.device)
+        with timed_phase(log, f"loading the backbone {bb.name} ({bb.path})"):
+            model, self.tokenizer = load_backbone(bb, self.device)
         if bb.gradient_checkpointing and method.trains:
             model.gradient_checkpointing_enable()
         self.key, self._base = backbone_key(bb), None
@@ -269,11 +270,13 @@ class Job:
 
         result = None
         if method.trains and train_cfg.steps > 0:
-            examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
+            with timed_phase(log, f"encoding {len(self.benchmark.target_train)} training examples"):
+                examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
             set_phase("train")
             result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
         set_phase("evaluate")
-        stored_bytes = method.export(model, self.run_dir / "export")
+        with timed_phase(log, f"exporting the trained {method.name} to {self.run_dir / 'export'}"):
+            stored_bytes = method.export(model, self.run_dir / "export")
         model.eval()
         self.diagnostics = method.diagnostics(model, ctx)  # at scale 1, before any post-hoc scale
 
@@ -366,7 +369,7 @@ class Job:
     def reference(self):
         """The base model's reference cache of this benchmark (built on first use)."""
         return get_reference(self.base_model(), self.tokenizer, self.benchmark, self.eval_cfg, self.key,
-                             self.typed.backbone.chat_template)
+                             self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
 
     def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, **costs: Any) -> dict:
         """Evaluate `model` as it is now and write its code samples and complete record into `out_dir`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -18,6 +19,8 @@ from experiments.closed_output import QuietWhenClosed, is_closed_error, silence
 
 ROOT = "suite"
 RUN_LOG = "run.log"
+#: Loggers of the suite's packages outside `experiments` whose lines a run prints and logs like its own.
+FORWARDED = ("sandbox",)
 #: `extra=FILE_ONLY` on a record keeps it out of the console (a traceback Python prints anyway).
 FILE_ONLY = {"file_only": True}
 
@@ -39,13 +42,14 @@ class TagFormatter(logging.Formatter):
         return line
 
 
-class _Stdout(logging.StreamHandler):
-    """A handler writing to whatever `sys.stdout` is at the time (captured output, redirected streams). When its
-    reader has gone (`| head`), the stream is silenced (`experiments.closed_output`), run.log says so once, and the
-    run goes on."""
+class _Console(logging.StreamHandler):
+    """A handler writing to whatever `sys.<name>` (stdout, stderr) is at the time (captured output, redirected
+    streams). When its reader has gone (`| head`), the stream is silenced (`experiments.closed_output`), run.log says
+    so once, and the run goes on."""
 
-    def __init__(self) -> None:
-        super().__init__(sys.stdout)
+    def __init__(self, name: str = "stdout") -> None:
+        self.name_of_stream = name
+        super().__init__(getattr(sys, name))
         self._gone: list = []  # the streams found closed (kept, not their ids: an id can be reused)
 
     def handleError(self, record: logging.LogRecord) -> None:
@@ -53,15 +57,15 @@ class _Stdout(logging.StreamHandler):
         if exc is None or not is_closed_error(exc):
             super().handleError(record)
             return
-        stream = sys.stdout
+        stream = self.stream
         if not any(s is stream for s in self._gone):
             self._gone.append(stream)
             silence(stream)
-            _note_closed("stdout")
+            _note_closed(self.name_of_stream)
 
     @property
     def stream(self):  # type: ignore[override]
-        return sys.stdout
+        return getattr(sys, self.name_of_stream)
 
     @stream.setter
     def stream(self, value) -> None:
@@ -89,18 +93,54 @@ def quiet_console() -> None:
             setattr(sys, name, QuietWhenClosed(stream, on_close=lambda name=name: _note_closed(name)))
 
 
+class _ToSuite(logging.Handler):
+    """Hands a record of another package's logger to the `suite` logger's handlers (console, run.log)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(ROOT).handle(record)
+
+
 def console() -> logging.Logger:
-    """The `suite` logger, with one stdout handler at INFO (added on first use)."""
+    """The `suite` logger, with one stdout handler at INFO (added on first use); the loggers of `FORWARDED` go
+    through it too (`[sandbox] ...` on stdout and in run.log)."""
     logger = logging.getLogger(ROOT)
     if not any(getattr(h, "_suite_console", False) for h in logger.handlers):
-        handler = _Stdout()
+        handler = _Console("stdout")
         handler.setFormatter(TagFormatter())
         handler.addFilter(_ConsoleFilter())
         handler._suite_console = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    for name in FORWARDED:
+        other = logging.getLogger(name)
+        if not any(isinstance(h, _ToSuite) for h in other.handlers):
+            other.addHandler(_ToSuite())
+        other.propagate = False  # else Hydra's root handler prints it a second time
     return logger
+
+
+@contextmanager
+def stderr_console() -> Iterator[logging.Logger]:
+    """For the block, the `suite` logger's lines on stderr (unless it has its console already): for a command whose
+    stdout is its result (a table, JSON) and whose long steps should still say what they do."""
+    logger = logging.getLogger(ROOT)
+    if any(getattr(h, "_suite_console", False) for h in logger.handlers):
+        yield logger
+        return
+    handler = _Console("stderr")
+    handler.setFormatter(TagFormatter())
+    handler.addFilter(_ConsoleFilter())
+    logger.addHandler(handler)
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 @contextmanager
@@ -117,3 +157,13 @@ def run_log(run_dir: Path) -> Iterator[Path]:
     finally:
         logger.removeHandler(handler)
         handler.close()
+
+
+@contextmanager
+def timed_phase(logger: logging.Logger, what: str) -> Iterator[None]:
+    """Log `<what> ...` as the block starts and `<what>: done in <seconds> s` as it ends: a long phase without a
+    progress bar of its own is never silent, and its log says how long it took (seconds, wall clock)."""
+    start = time.perf_counter()
+    logger.info("%s ...", what)
+    yield
+    logger.info("%s: done in %.1f s", what, time.perf_counter() - start)

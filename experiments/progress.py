@@ -9,7 +9,8 @@ because tqdm has no line mode: this only chooses tqdm's target and its redraw in
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Optional, TextIO
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Optional, TextIO
 
 from tqdm.auto import tqdm
 
@@ -40,6 +41,22 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+@contextmanager
+def library_bars_on_terminal_only() -> Iterator[None]:
+    """For the block, transformers' own tqdm bars (`Loading weights`) only where stderr is a terminal: redirected,
+    their `\\r` redraws would pile up in the log as one line; the caller logs the step instead."""
+    from transformers.utils import logging as hf_logging
+
+    off = hf_logging.is_progress_bar_enabled() and not _is_terminal(sys.stderr)
+    if off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if off:
+            hf_logging.enable_progress_bar()
 
 
 def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
