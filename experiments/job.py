@@ -361,7 +361,8 @@ class Job:
     def base_model(self) -> torch.nn.Module:
         """A separately loaded frozen base: the reference is never the adapted model with adapters disabled."""
         if self._base is None:
-            self._base = load_model(self.typed.backbone, self.device)
+            with timed_phase(log, "loading the frozen base model (the reference the retained KL is measured against)"):
+                self._base = load_model(self.typed.backbone, self.device)
             for p in self._base.parameters():
                 p.requires_grad_(False)
         return self._base
