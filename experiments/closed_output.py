@@ -65,6 +65,8 @@ class QuietWhenClosed:
         self._guard("flush")
 
     def __getattr__(self, name: str) -> Any:
+        if name == "stream":  # not set yet (a copy under construction): no recursion
+            raise AttributeError(name)
         return getattr(self.stream, name)
 
 

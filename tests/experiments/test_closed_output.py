@@ -1,13 +1,17 @@
 """A run whose output is closed early (`python run.py | head -1`, `... 2>&1 | head`) goes on to the end: exit code 0,
 its record complete, every log line in run.log; the console just stops."""
 
+import errno
+import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from experiments.closed_output import QuietWhenClosed, is_closed_error
 from suite_schema.layout import RECORD_NAME
 from tests.conftest import REPO, run_cli, tiny_overrides
 
@@ -29,6 +33,37 @@ LOGGING = textwrap.dedent(f"""
         log.info("done")
     print("after the run")
 """)
+
+
+def test_a_pipe_whose_reader_has_gone_is_pointed_at_devnull_once_and_later_writes_succeed():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closes = []
+    with open(write_end, "w", buffering=1) as raw:
+        out = QuietWhenClosed(raw, on_close=lambda: closes.append(1))
+        out.write("lost\n")  # line buffered: written (and failing) at once
+        out.write("lost too\n")
+        out.flush()
+        assert out.closed_output and closes == [1]
+        assert os.readlink(f"/proc/self/fd/{raw.fileno()}") == os.devnull
+        raw.write("straight to the stream now succeeds\n")
+        raw.flush()
+
+
+def test_other_write_errors_still_raise():
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        QuietWhenClosed(Full()).write("x")
+    assert is_closed_error(BrokenPipeError()) and is_closed_error(ValueError("I/O operation on closed file."))
+    assert not is_closed_error(OSError(errno.ENOSPC, "full")) and not is_closed_error(ValueError("bad value"))
+    closed = io.StringIO()
+    closed.close()
+    out = QuietWhenClosed(closed)
+    out.write("x")  # a closed file object without a descriptor: nothing to silence, nothing raised
+    assert out.closed_output
 
 
 def piped_into_head(cmd: list[str], both: bool, tmp_path) -> tuple[int, str, bytes]:
