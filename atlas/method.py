@@ -207,7 +207,10 @@ class ATLAS(Method):
             else:
                 probe = torch.tensor([[ctx.tokenizer.eos_token_id or 0] * 4], device=ctx.device)
                 self.sites = discover_sites(model, targets, probe)
-                self.atlas = self.build(model, ctx, self.sites)
+                what = (f"building the atlas: {self.params.num_centers} centers at each of {len(self.sites)} sites "
+                        f"from up to {self.params.max_tokens} calibration tokens")
+                with timed_phase(log, what):
+                    self.atlas = self.build(model, ctx, self.sites)
                 save_atlas(self.atlas, cached, self.atlas_meta())
         self.inject(model)
         return model
