@@ -47,6 +47,7 @@ def _is_terminal(stream: Any) -> bool:
 def library_bars_on_terminal_only() -> Iterator[None]:
     """For the block, transformers' own tqdm bars (`Loading weights`) only where stderr is a terminal: redirected,
     their `\\r` redraws would pile up in the log as one line; the caller logs the step instead."""
+    # here, not at the top: drawing a bar does not need transformers (analysis and tools import this module)
     from transformers.utils import logging as hf_logging
 
     off = hf_logging.is_progress_bar_enabled() and not _is_terminal(sys.stderr)
