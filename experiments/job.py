@@ -273,7 +273,8 @@ class Job:
             with timed_phase(log, f"encoding {len(self.benchmark.target_train)} training examples"):
                 examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
             set_phase("train")
-            result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
+            with timed_phase(log, f"training {method.name}: {train_cfg.steps} steps"):
+                result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
         set_phase("evaluate")
         with timed_phase(log, f"exporting the trained {method.name} to {self.run_dir / 'export'}"):
             stored_bytes = method.export(model, self.run_dir / "export")
@@ -384,8 +385,9 @@ class Job:
         (not written)."""
         base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
-        metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
-                               self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
+        with timed_phase(log, "evaluating: retained KL and answers, pass@1"):
+            metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
+                                   self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
         records.atomic_write_json(out_dir / layout.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
         timing = metrics.pop("timing", {})
         record = {

@@ -68,8 +68,9 @@ def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
         kwargs["disable"], stream = True, sys.stdout
     stream = QuietWhenClosed(stream)
     if not kwargs.get("disable") and not _is_terminal(stream):
+        # leave: a closing bar's last state is its one line saying it finished (clearing it would write nothing)
         kwargs.update(file=PlainLines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S,
-                      dynamic_ncols=False, ncols=100)
+                      dynamic_ncols=False, ncols=100, leave=True)
         return _plain_tqdm(tqdm)(iterable, **kwargs)
     kwargs["file"] = stream
     return tqdm(iterable, **kwargs)
