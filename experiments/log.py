@@ -78,6 +78,9 @@ class _ConsoleFilter(logging.Filter):
 
 
 def _note_closed(name: str) -> None:
+    """Say in run.log (only there: no run.log open, nothing) that the console stopped."""
+    if not any(isinstance(h, logging.FileHandler) for h in logging.getLogger(ROOT).handlers):
+        return
     logging.getLogger(ROOT + ".run").warning(
         "%s is closed (its reader has gone): console output stops here; run.log keeps every line", name,
         extra=FILE_ONLY)

@@ -50,3 +50,9 @@ def test_stderr_console_logs_on_stderr_for_the_block_only(loggers, capsys):
     logging.getLogger("suite.inspect").info("after the block")
     out = capsys.readouterr()
     assert out.err == "[inspect] loading\n" and out.out == ""
+
+
+def test_a_closed_console_outside_a_run_is_noted_nowhere(loggers, capsys):
+    # a command without run.log (atlas.inspect | head): the note must not reach Python's last-resort handler
+    L._note_closed("stdout")
+    assert capsys.readouterr() == ("", "")
