@@ -52,7 +52,14 @@ def test_stderr_console_logs_on_stderr_for_the_block_only(loggers, capsys):
     assert out.err == "[inspect] loading\n" and out.out == ""
 
 
-def test_a_closed_console_outside_a_run_is_noted_nowhere(loggers, capsys):
-    # a command without run.log (atlas.inspect | head): the note must not reach Python's last-resort handler
-    L._note_closed("stdout")
-    assert capsys.readouterr() == ("", "")
+def test_a_closed_console_is_noted_in_run_log_only(loggers, caplog, tmp_path):
+    # a command without run.log (atlas.inspect | head): no record at all, else Python's last-resort handler
+    # would print the note on stderr
+    with caplog.at_level(logging.DEBUG):
+        L._note_closed("stdout")
+    assert caplog.records == []
+    with L.run_log(tmp_path):
+        L._note_closed("stderr")
+    (line,) = (tmp_path / L.RUN_LOG).read_text().splitlines()
+    assert line.endswith("[run] stderr is closed (its reader has gone): console output stops here; run.log keeps "
+                         "every line")
