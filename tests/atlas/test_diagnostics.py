@@ -73,7 +73,8 @@ def test_the_diagnostics_phase_says_what_it_does_how_far_it_is_and_how_long_it_t
     handler.emit = lambda record: lines.append(record.getMessage())
     logger = logging.getLogger("suite.atlas")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level =`: setLevel clears the cached "is INFO enabled" answers
     capsys.readouterr()
     try:
         report = method.diagnostics(model, ctx)

@@ -20,7 +20,8 @@ def loggers():
     for n, (handlers, propagate, level) in saved.items():
         logger = logging.getLogger(n)
         logger.handlers[:] = handlers
-        logger.propagate, logger.level = propagate, level
+        logger.propagate = propagate
+        logger.setLevel(level)
 
 
 def test_a_timed_phase_logs_its_start_and_its_seconds(loggers, capsys):

@@ -190,7 +190,8 @@ def test_a_build_says_when_it_starts_and_how_long_it_took_and_a_hit_says_nothing
     handler.emit = lambda record: lines.append(record.getMessage())
     logger = logging.getLogger("suite.eval")
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level =`: setLevel clears the cached "is INFO enabled" answers
     try:
         ref = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
         built = list(lines)
