@@ -4,6 +4,8 @@ Every module logs through a child of the `suite` logger (`suite.run`, `suite.tra
 in brackets is the last part of its name. `console()` gives the `suite` logger its stdout handler
 once per process (Hydra's own job logging is off: conf/config.yaml), and `run_log(run_dir)` adds
 `run.log` for the duration of one run, with timestamps and, for a failure, the traceback.
+`timed_phase` gives a long step without a progress bar its start line and its seconds; `quiet_console()` keeps an
+entry point going when its output's reader has gone (`| head`, `experiments.closed_output`).
 """
 
 from __future__ import annotations
