@@ -18,6 +18,7 @@ register_run_id_resolver()
 def main(cfg: DictConfig) -> None:
     # here, not at the top: `python run.py --help` and `--cfg job` stay fast without the runtime (torch)
     from experiments import exit_codes
+    from experiments.closed_output import say
     from experiments.job import USER_ERRORS, discard_rejected_run_dir, run
     from experiments.run_dir import RunDirError
     from experiments.run_lock import RunBusyError, RunLockError
@@ -27,43 +28,50 @@ def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except USER_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         if not isinstance(exc, RunDirError):  # a folder not the run's own is left as it is
             discard_rejected_run_dir()
         sys.exit(exit_codes.BAD_CONFIG)
     except Diverged as exc:  # recorded `failed` in phase train; its traceback says nothing more
-        print(f"failed: {exc}", file=sys.stderr)
+        say(f"failed: {exc}")
         sys.exit(exit_codes.FAILED)
     except RunBusyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         sys.exit(exit_codes.RUN_BUSY)
     except RunLockError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         sys.exit(exit_codes.FAILED)
     except (Preempted, KeyboardInterrupt, SignalInterrupt) as exc:  # recorded `interrupted`; the same command resumes
-        print(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run", file=sys.stderr)
+        say(f"interrupted: {exc or 'SIGINT (Ctrl-C)'}; the same command resumes the run")
         sys.exit(exit_codes.INTERRUPTED)
 
 
 if __name__ == "__main__":
     from experiments import command_line
 
+    from experiments.closed_output import flush_quietly
+    from experiments.log import quiet_console
+
+    quiet_console()  # `python run.py | head`: the run goes on to its record when its output closes
     sys.argv[1:] = command_line.normalized(sys.argv[1:])  # `+experiment=NAME`, the old spelling, still selects it
-    if "--plan" in sys.argv[1:]:  # what a launch would do, nothing run
-        from hydra_plugins.atlas_sweep.plan_command import main as plan
+    try:
+        if "--plan" in sys.argv[1:]:  # what a launch would do, nothing run
+            from hydra_plugins.atlas_sweep.plan_command import main as plan
 
-        sys.exit(plan([a for a in sys.argv[1:] if a != "--plan"]))
-    if {"--help", "-h"} & set(sys.argv[1:]):
-        print(command_line.help_text())
-        sys.exit(0)
-    if "--cfg" in sys.argv[1:] or "-c" in sys.argv[1:]:  # the composed config, validated as a run validates it
-        from experiments.validation import ConfigError
+            sys.exit(plan([a for a in sys.argv[1:] if a != "--plan"]))
+        if {"--help", "-h"} & set(sys.argv[1:]):
+            print(command_line.help_text())
+            sys.exit(0)
+        if "--cfg" in sys.argv[1:] or "-c" in sys.argv[1:]:  # the composed config, validated as a run validates it
+            from experiments.validation import ConfigError
 
-        try:
-            command_line.show_config(sys.argv[1:])
-        except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        sys.exit(0)
-    command_line.exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
-    main()
+            try:
+                command_line.show_config(sys.argv[1:])
+            except ConfigError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(2)
+            sys.exit(0)
+        command_line.exit_on_error(sys.argv[1:])  # a bad override: one line and exit 2, before Hydra acts on it
+        main()
+    finally:
+        flush_quietly()  # an output closed since the last write: Python's flush at exit must not fail the run

@@ -39,6 +39,7 @@ from atlas.kmeans import pairwise_sq_dists
 from atlas.layer import AtlasLinear, AtlasSite
 from experiments.activations import Site, collect_inputs, collect_inputs_by_mask
 from experiments.calibration import held_out_sequences
+from experiments.progress import progress_bar
 
 #: Tokens per side (retained, target) per site, a seeded subsample.
 MAX_TOKENS = 4096
@@ -109,22 +110,27 @@ def site_figures(site: AtlasSite, r: dict[str, torch.Tensor], t: dict[str, torch
 
 
 def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any, filter_rank: int,
-                        max_tokens: Optional[int] = MAX_TOKENS, seed: int = 0) -> dict:
+                        max_tokens: Optional[int] = MAX_TOKENS, seed: int = 0, progress: bool = False) -> dict:
     """Every site's figures, their mean over sites, the first site's (`layer0`), and per retained domain
     (`by_domain`: that domain's tokens against the target's, each figure averaged over sites; `by_domain_scored`:
     the same at the scored positions of both sides).
 
     One forward pass per sequence set (the pooled retained sequences, the target's, each domain's) collects every
     token selection read from it, and each site's target signals are computed once per selection and shared by the
-    reports that compare against them."""
+    reports that compare against them. `progress`: a bar per forward pass (`diagnostics <set>`) and one over the
+    site figures."""
     by_domain_seqs, target_seqs = held_out_sequences(ctx)
     kw = dict(pad_id=ctx.tokenizer.pad_token_id, batch_size=16, max_tokens=max_tokens, seed=seed,
-              device=ctx.device, progress=False)
+              device=ctx.device, progress=progress)
     both = ("attention_mask", "scored")
-    retained = collect_inputs(model, sites, [s for seqs in by_domain_seqs.values() for s in seqs], **kw)
-    target = collect_inputs_by_mask(model, sites, target_seqs, both, **kw)
-    domains = {name: collect_inputs_by_mask(model, sites, seqs, both, **kw) for name, seqs in by_domain_seqs.items()}
+    retained = collect_inputs(model, sites, [s for seqs in by_domain_seqs.values() for s in seqs],
+                              desc="diagnostics retained", **kw)
+    target = collect_inputs_by_mask(model, sites, target_seqs, both, desc="diagnostics target", **kw)
+    domains = {name: collect_inputs_by_mask(model, sites, seqs, both, desc=f"diagnostics {name}", **kw)
+               for name, seqs in by_domain_seqs.items()}
     named = dict(model.named_modules())
+    bar = progress_bar(total=len(sites) * (1 + 2 * len(domains)), desc="diagnostics sites", unit="site",
+                       disable=not progress)
     signals: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
 
     def target_signals(key: str, s: Site, modules: list) -> dict[str, torch.Tensor]:
@@ -140,11 +146,14 @@ def conditioning_report(model: torch.nn.Module, sites: Sequence[Site], ctx: Any,
             out[s.name] = site_figures(modules[0].site, site_signals(modules[0].site, modules, x),
                                        target_signals(key, s, modules), filter_rank, len(x),
                                        len(target[key][s.name]))
+            bar.update(1)
         return out
 
-    per_site = report(retained, "attention_mask")
-    by_domain = {name: _mean(report(inputs["attention_mask"], "attention_mask")) for name, inputs in domains.items()}
-    by_domain_scored = {name: _mean(report(inputs["scored"], "scored")) for name, inputs in domains.items()}
+    with bar:
+        per_site = report(retained, "attention_mask")
+        by_domain = {name: _mean(report(inputs["attention_mask"], "attention_mask"))
+                     for name, inputs in domains.items()}
+        by_domain_scored = {name: _mean(report(inputs["scored"], "scored")) for name, inputs in domains.items()}
     return {"sites": per_site, "mean": _mean(per_site), "layer0": per_site[sites[0].name], "by_domain": by_domain,
             "by_domain_scored": by_domain_scored, "split": getattr(ctx.benchmark, "split", None)}
 

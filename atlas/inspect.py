@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from atlas.method import ATLAS, ATLAS_FILE
 from experiments.backbones import load_model
 from experiments.evaluation.trained_run import load_run
+from experiments.log import quiet_console, stderr_console, timed_phase
 
 COLUMNS = (
     ("gate_retained", "gate R"), ("gate_target", "gate T"), ("auroc_gate", "AUROC gate"), ("auroc_delta", "AUROC delta"),
@@ -41,14 +42,17 @@ def table(diagnostics: dict) -> str:
 
 def recompute(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
     """The conditioning diagnostics of a finished ATLAS run, measured again from its export (`atlas.diagnostics`,
-    the run's split and seed); `ValueError` for a run that is not ATLAS's or has no export."""
-    run = load_run(run_dir, data_root, cache_dir)
-    if not (run.export / ATLAS_FILE).is_file():
-        raise ValueError(f"{run_dir}: its export holds no atlas (method {run.record.get('method')!r})")
-    model = load_model(run.config.backbone)
-    method = ATLAS.from_export(model, run.export)
-    model.eval()
-    return method.diagnostics(model, run.ctx)
+    the run's split and seed); `ValueError` for a run that is not ATLAS's or has no export. What it does and how long
+    each step takes goes to stderr (`[inspect]`, `[atlas]` lines and progress bars); stdout stays the result's."""
+    with stderr_console() as log:
+        with timed_phase(log.getChild("inspect"), f"loading {run_dir} and its backbone"):
+            run = load_run(run_dir, data_root, cache_dir)
+            if not (run.export / ATLAS_FILE).is_file():
+                raise ValueError(f"{run_dir}: its export holds no atlas (method {run.record.get('method')!r})")
+            model = load_model(run.config.backbone)
+            method = ATLAS.from_export(model, run.export)
+        model.eval()
+        return method.diagnostics(model, run.ctx)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -95,4 +99,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    quiet_console()  # `python -m atlas.inspect ... | head`: no traceback when the reader goes
     sys.exit(main())

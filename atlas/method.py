@@ -32,6 +32,7 @@ from experiments.methods import (
     require,
     require_rank_fits,
 )
+from experiments.log import timed_phase
 from experiments.progress import progress_bar
 from experiments.tensor_files import DamagedFile, load_tensors, save_tensors
 
@@ -206,7 +207,10 @@ class ATLAS(Method):
             else:
                 probe = torch.tensor([[ctx.tokenizer.eos_token_id or 0] * 4], device=ctx.device)
                 self.sites = discover_sites(model, targets, probe)
-                self.atlas = self.build(model, ctx, self.sites)
+                what = (f"building the atlas: {self.params.num_centers} centers at each of {len(self.sites)} sites "
+                        f"from up to {self.params.max_tokens} calibration tokens")
+                with timed_phase(log, what):
+                    self.atlas = self.build(model, ctx, self.sites)
                 save_atlas(self.atlas, cached, self.atlas_meta())
         self.inject(model)
         return model
@@ -270,8 +274,10 @@ class ATLAS(Method):
 
     def diagnostics(self, model: torch.nn.Module, ctx: RunContext) -> dict:
         """Gate, filter and residual on held-out retained vs target tokens, per site (`atlas.diagnostics`)."""
-        with self.timed("diagnostics_seconds"):
-            return conditioning_report(model, self.sites, ctx, self.params.filter_rank, seed=ctx.seed)
+        what = f"diagnostics: gate, filter and residual at {len(self.sites)} sites on held-out tokens"
+        with self.timed("diagnostics_seconds"), timed_phase(log, what):
+            return conditioning_report(model, self.sites, ctx, self.params.filter_rank, seed=ctx.seed,
+                                       progress=ctx.progress)
 
     def scale(self, model: torch.nn.Module, alpha: float) -> None:
         """Multiply the residual scale s by alpha (0 = the base model, 1 = as trained)."""

@@ -23,6 +23,7 @@ Knobs: rank, train.steps / train.lr and the post-hoc scale.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -32,7 +33,10 @@ from peft import get_peft_model
 
 from baselines.common import ResidualLoRA
 from baselines.lora import LoRAParams
+from experiments.log import timed_phase
 from experiments.methods import RunContext, is_int, require
+
+log = logging.getLogger("suite.train")
 
 
 @dataclass(kw_only=True)
@@ -61,7 +65,7 @@ class PiSSA(ResidualLoRA):
 
     def prepare(self, model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
         config = self.lora_config(self.resolve_targets(model, ctx))
-        with self.timed("svd_seconds"):
+        with self.timed("svd_seconds"), timed_phase(log, "PiSSA: SVD of the adapted weights"):
             model = self.initialised(model, config, ctx)
         self.remember_init(model, Path(ctx.run_dir))
         return model

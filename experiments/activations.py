@@ -108,17 +108,18 @@ def collect_inputs(
     dtype: Optional[torch.dtype] = None,
     progress: bool = True,
     token_mask_key: str = "attention_mask",
+    desc: str = "collect inputs",
 ) -> dict[str, torch.Tensor]:
     """Site name -> (n_tokens, dim) inputs over the non-padding tokens of `sequences`, subsampled with `seed`.
 
     `sequences` are encoded pairs (`input_ids`, `labels`) as `experiments.prompts.encode_pair` makes;
     with `token_mask_key="labels"` only response tokens are kept; with `"scored"` only the positions whose
     next-token distribution the loss and the retained KL score (each one before a response token: the last prompt
-    token and every response token but the last).
+    token and every response token but the last). `progress`: a progress bar over the batches, labelled `desc`.
     """
     return collect_inputs_by_mask(model, sites, sequences, (token_mask_key,), pad_id=pad_id, batch_size=batch_size,
                                   max_tokens=max_tokens, seed=seed, device=device, dtype=dtype,
-                                  progress=progress)[token_mask_key]
+                                  progress=progress, desc=desc)[token_mask_key]
 
 
 def collect_inputs_by_mask(
@@ -134,6 +135,7 @@ def collect_inputs_by_mask(
     device: torch.device | str = "cpu",
     dtype: Optional[torch.dtype] = None,
     progress: bool = True,
+    desc: str = "collect inputs",
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Token mask key -> `collect_inputs(..., token_mask_key=key)` for each of `token_mask_keys`, from one forward
     pass over `sequences` instead of one per key: each key's tokens are selected and subsampled exactly as its own
@@ -161,7 +163,7 @@ def collect_inputs_by_mask(
     offsets = dict.fromkeys(keys, 0)
     try:
         with torch.no_grad():
-            for i, batch in enumerate(progress_bar(batches, desc="collect inputs", disable=not progress)):
+            for i, batch in enumerate(progress_bar(batches, desc=desc, disable=not progress)):
                 for key in keys:
                     mask = masks[key][i]
                     n_valid = int(mask.sum())

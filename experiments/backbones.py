@@ -12,6 +12,7 @@ from huggingface_hub import HfApi, try_to_load_from_cache
 from huggingface_hub import constants as hub_constants
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from experiments.progress import library_bars_on_terminal_only
 from experiments.validation import ConfigError, not_allowed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,8 @@ def load_model(cfg: Any, device: str | torch.device = "cpu") -> torch.nn.Module:
     kwargs = {"dtype": DTYPES[cfg.dtype], "revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(resolve_path(cfg.path), **kwargs)
+    with library_bars_on_terminal_only():
+        model = AutoModelForCausalLM.from_pretrained(resolve_path(cfg.path), **kwargs)
     model.to(device)
     model.eval()
     check_target_modules(model, list(cfg.target_modules))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import sys
 import traceback
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,6 +13,7 @@ from typing import Any, Iterator
 
 from experiments import records
 from experiments.checkpoints import checkpoint_paths, step_of
+from experiments.closed_output import say
 from experiments.log import FILE_ONLY
 from experiments.signals import SignalInterrupt, interrupts_recorded
 from experiments.train import Preempted
@@ -93,9 +93,8 @@ def _write_outcome(run_dir: Path, record: dict, cause: BaseException) -> None:
         records.atomic_write_json(run_dir / layout.RECORD_NAME,
                                   {**record, "provenance": records.provenance(_started(record))})
     except OSError as exc:
-        print(f"error: could not write the {record['status']} record in {run_dir} ({exc.strerror or exc}); "
-              f"the run stopped because: {type(cause).__name__}: {str(cause) or '(no message)'}",
-              file=sys.stderr, flush=True)
+        say(f"error: could not write the {record['status']} record in {run_dir} ({exc.strerror or exc}); "
+            f"the run stopped because: {type(cause).__name__}: {str(cause) or '(no message)'}")
 
 
 def _started(base_record: dict) -> datetime:

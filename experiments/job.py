@@ -39,7 +39,7 @@ from experiments.data.loaders import DataError
 from experiments.evaluation.evaluate import evaluate_run
 from experiments.evaluation.reference_cache import get_reference
 from experiments.failure import failure_guard, set_phase
-from experiments.log import console, run_log
+from experiments.log import console, run_log, timed_phase
 from experiments.run_summary import summary_lines
 from experiments.logger import make_logger, run_name, wandb_group
 from experiments.methods import (
@@ -260,7 +260,8 @@ class Job:
                  self.run_dir)
 
         set_phase("load")
-        model, self.tokenizer = load_backbone(bb, self.device)
+        with timed_phase(log, f"loading the backbone {bb.name} ({bb.path})"):
+            model, self.tokenizer = load_backbone(bb, self.device)
         if bb.gradient_checkpointing and method.trains:
             model.gradient_checkpointing_enable()
         self.key, self._base = backbone_key(bb), None
@@ -280,11 +281,14 @@ class Job:
 
         result = None
         if method.trains and train_cfg.steps > 0:
-            examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
+            with timed_phase(log, f"encoding {len(self.benchmark.target_train)} training examples"):
+                examples = encode_target(self.benchmark, self.tokenizer, bb.chat_template, train_cfg.max_length)
             set_phase("train")
-            result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
+            with timed_phase(log, f"training {method.name}: {train_cfg.steps} steps"):
+                result = train(model, method, examples, ctx, train_cfg, log_fn=self.logger.log)
         set_phase("evaluate")
-        stored_bytes = method.export(model, self.run_dir / "export")
+        with timed_phase(log, f"exporting the trained {method.name} to {self.run_dir / 'export'}"):
+            stored_bytes = method.export(model, self.run_dir / "export")
         model.eval()
         self.diagnostics = method.diagnostics(model, ctx)  # at scale 1, before any post-hoc scale
 
@@ -370,7 +374,8 @@ class Job:
     def base_model(self) -> torch.nn.Module:
         """A separately loaded frozen base: the reference is never the adapted model with adapters disabled."""
         if self._base is None:
-            self._base = load_model(self.typed.backbone, self.device)
+            with timed_phase(log, "loading the frozen base model (the reference the retained KL is measured against)"):
+                self._base = load_model(self.typed.backbone, self.device)
             for p in self._base.parameters():
                 p.requires_grad_(False)
         return self._base
@@ -378,7 +383,7 @@ class Job:
     def reference(self):
         """The base model's reference cache of this benchmark (built on first use)."""
         return get_reference(self.base_model(), self.tokenizer, self.benchmark, self.eval_cfg, self.key,
-                             self.typed.backbone.chat_template)
+                             self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
 
     def evaluate(self, model: torch.nn.Module, out_dir: Path, fields: dict, **costs: Any) -> dict:
         """Evaluate `model` as it is now and write its code samples, retained samples and complete record into
@@ -393,8 +398,9 @@ class Job:
         complete record (not written)."""
         base = model if not self.method.trains else self.base_model
         t_eval = time.perf_counter()
-        metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
-                               self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
+        with timed_phase(log, "evaluating: retained KL and answers, pass@1"):
+            metrics = evaluate_run(model, base, self.tokenizer, self.benchmark, self.eval_cfg, self.key,
+                                   self.typed.backbone.chat_template, progress=bool(self.typed.train.progress))
         records.atomic_write_json(out_dir / layout.CODE_SAMPLES_NAME, metrics.pop("code_samples", []))
         records.atomic_write_json(out_dir / layout.RETAINED_SAMPLES_NAME, metrics.pop("retained_samples", []))
         timing = metrics.pop("timing", {})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments import records, scale_refinement, validation
 from experiments.activations import load_or_build_site_tensors
 from experiments.backbones import check_target_modules
+from experiments.log import timed_phase
 from experiments.tensor_files import load_tensors, save_tensors
 from experiments.validation import ConfigError, is_int  # noqa: F401  (is_int: part of the API of a method's Params)
 from suite_schema import registry
@@ -215,8 +217,12 @@ class Method:
         """Per-site tensors of this run: loaded from `<run_dir>/<filename>` when an earlier attempt saved
         them (a resumed run reuses them bit for bit), else built by `build` and saved. The seconds go to
         the cost `seconds_cost`, whether they were reused to `reused_cost`."""
+        def build_logged() -> tuple[dict, dict]:
+            with timed_phase(logging.getLogger("suite.train"), f"{self.name}: building {filename}"):
+                return build()
+
         with self.timed(seconds_cost):
-            tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / filename, build)
+            tensors, sites, loaded = load_or_build_site_tensors(Path(ctx.run_dir) / filename, build_logged)
         self._costs[reused_cost] = loaded
         return tensors, sites
 

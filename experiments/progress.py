@@ -9,9 +9,12 @@ because tqdm has no line mode: this only chooses tqdm's target and its redraw in
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Optional, TextIO
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Optional, TextIO
 
 from tqdm.auto import tqdm
+
+from experiments.closed_output import QuietWhenClosed
 
 #: Seconds between two progress lines when the output is not a terminal.
 PLAIN_INTERVAL_S = 30.0
@@ -40,12 +43,34 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
+@contextmanager
+def library_bars_on_terminal_only() -> Iterator[None]:
+    """For the block, transformers' own tqdm bars (`Loading weights`) only where stderr is a terminal: redirected,
+    their `\\r` redraws would pile up in the log as one line; the caller logs the step instead."""
+    # here, not at the top: drawing a bar does not need transformers (analysis and tools import this module)
+    from transformers.utils import logging as hf_logging
+
+    off = hf_logging.is_progress_bar_enabled() and not _is_terminal(sys.stderr)
+    if off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if off:
+            hf_logging.enable_progress_bar()
+
+
 def progress_bar(iterable: Optional[Iterable] = None, **kwargs: Any):
-    """`tqdm(iterable, **kwargs)` on a terminal; elsewhere the same bar as plain lines every `PLAIN_INTERVAL_S`."""
+    """`tqdm(iterable, **kwargs)` on a terminal; elsewhere the same bar as plain lines every `PLAIN_INTERVAL_S`.
+    Either way a bar whose output has gone (`2>&1 | head`) stops drawing and the loop goes on."""
     stream = kwargs.pop("file", None) or sys.stderr
+    if stream is None:  # Python started with stderr closed: nowhere to draw
+        kwargs["disable"], stream = True, sys.stdout
+    stream = QuietWhenClosed(stream)
     if not kwargs.get("disable") and not _is_terminal(stream):
+        # leave: a closing bar's last state is its one line saying it finished (clearing it would write nothing)
         kwargs.update(file=PlainLines(stream), mininterval=PLAIN_INTERVAL_S, maxinterval=PLAIN_INTERVAL_S,
-                      dynamic_ncols=False, ncols=100)
+                      dynamic_ncols=False, ncols=100, leave=True)
         return _plain_tqdm(tqdm)(iterable, **kwargs)
     kwargs["file"] = stream
     return tqdm(iterable, **kwargs)

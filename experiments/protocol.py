@@ -243,4 +243,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from experiments.log import quiet_console
+
+    quiet_console()  # `... | head`: the chunk's runs go on to the end and protocol.jsonl gets its line
     sys.exit(main())

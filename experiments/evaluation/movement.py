@@ -26,7 +26,9 @@ from experiments import records
 from experiments.backbones import load_model
 from experiments.calibration import held_out_sequences
 from experiments.evaluation.trained_run import load_run
+from experiments.log import quiet_console, stderr_console, timed_phase
 from experiments.methods import method_class
+from experiments.progress import progress_bar
 from experiments.prompts import collate
 
 TARGET_GROUP = "target"
@@ -34,10 +36,11 @@ TARGET_GROUP = "target"
 
 @torch.no_grad()
 def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequence[dict], pad_id: int,
-             batch_size: int = 16) -> torch.Tensor:
-    """(n,) KL(base || trained) in nats at every labelled token (labels != -100) of `sequences`, float32."""
+             batch_size: int = 16, desc: Optional[str] = None) -> torch.Tensor:
+    """(n,) KL(base || trained) in nats at every labelled token (labels != -100) of `sequences`, float32; with
+    `desc`, a progress bar (on stderr) over the batches."""
     out = []
-    for i in range(0, len(sequences), batch_size):
+    for i in progress_bar(range(0, len(sequences), batch_size), desc=desc, unit="batch", disable=desc is None):
         batch = collate(list(sequences[i:i + batch_size]), pad_id)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         p = torch.log_softmax(base(**inputs).logits.float(), -1)
@@ -51,13 +54,15 @@ def token_kl(base: torch.nn.Module, trained: torch.nn.Module, sequences: Sequenc
 def movement(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
     """Mean per-token KL(base || trained) per retained domain and on the target, and the selectivity, of one run
     (the base's responses come from the reference cache in `cache_dir`, as evaluation resolves it)."""
-    run = load_run(Path(run_dir), data_root, cache_dir)
-    typed, tokenizer, base, record = run.config, run.tokenizer, run.base, run.record
-    retained, target = held_out_sequences(run.ctx)
-    trained = method_class(typed.method._target_).load_export(load_model(typed.backbone), run.export)
+    with stderr_console() as log, timed_phase(log.getChild("movement"), f"loading {run_dir} and its backbone"):
+        run = load_run(Path(run_dir), data_root, cache_dir)
+        typed, tokenizer, base, record = run.config, run.tokenizer, run.base, run.record
+        retained, target = held_out_sequences(run.ctx)
+        trained = method_class(typed.method._target_).load_export(load_model(typed.backbone), run.export)
     trained.eval()
-    kl = {name: float(token_kl(base, trained, seqs, tokenizer.pad_token_id).mean()) for name, seqs in retained.items()}
-    kl[TARGET_GROUP] = float(token_kl(base, trained, target, tokenizer.pad_token_id).mean())
+    kl = {name: float(token_kl(base, trained, seqs, tokenizer.pad_token_id, desc=f"KL {name}").mean())
+          for name, seqs in retained.items()}
+    kl[TARGET_GROUP] = float(token_kl(base, trained, target, tokenizer.pad_token_id, desc="KL target").mean())
     mean_retained = sum(kl[name] for name in retained) / len(retained)
     return {"run_id": record["run_id"], "method": record.get("method"), "seed": record.get("seed"),
             "split": record.get("split"), "kl": kl,
@@ -89,4 +94,5 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    quiet_console()  # `... | head`: no traceback when the reader goes
     sys.exit(main())

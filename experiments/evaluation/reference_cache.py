@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -60,7 +61,10 @@ from experiments.evaluation.retained_kl import (
     cache_logprobs,
 )
 from experiments.evaluation.scoring import score_choices
+from experiments.log import timed_phase
 from experiments.tensor_files import save_tensors
+
+log = logging.getLogger("suite.eval")
 
 CACHE_FORMAT_VERSION = 2  # 2: log-prob storage chosen per split (1: over both splits together)
 SPLITS = ("calibration", "evaluation")
@@ -279,7 +283,8 @@ def get_reference(
     with exclusive_lock(path.parent / f"{path.name}.lock") as lock_wait_s:
         if is_complete(path, key):  # another process built it while we waited
             return _load(path, key, benchmark, cfg, hit=True, lock_wait_s=lock_wait_s, t0=time.perf_counter())
-        _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path, progress)
+        with timed_phase(log, f"reference cache: the base model's responses and log-probs, built once into {path}"):
+            _build(base, tokenizer, benchmark, cfg, chat_template, key, components, path, progress)
     return _load(path, key, benchmark, cfg, hit=False, lock_wait_s=lock_wait_s, t0=time.perf_counter())
 
 

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     for run_dir in args.run_dirs:
         try:
-            res = rescore(run_dir, args.workers, data_root=args.data_root)
+            res = rescore(run_dir, args.workers, progress=True, data_root=args.data_root)  # bar on stderr
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -73,6 +73,7 @@ def load_run(run_dir: Path, data_root: Optional[str] = None, cache_dir: Optional
     benchmark = build_benchmark(typed.benchmark)
     base, tokenizer = load_backbone(typed.backbone)
     reference = lambda: get_reference(base, tokenizer, benchmark, eval_config(typed),  # noqa: E731
-                                      backbone_key(typed.backbone), typed.backbone.chat_template)
+                                      backbone_key(typed.backbone), typed.backbone.chat_template,
+                                      progress=bool(typed.train.progress))
     ctx = run_context(typed, tokenizer, benchmark, run_dir, reference_fn=reference)
     return TrainedRun(record, typed, ctx, base, tokenizer, export)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -56,6 +57,41 @@ def test_site_report_matches_a_hand_computation():
         module.lora_B.fill_(1.0)
     trained = site_report(site, [module], retained, target, filter_rank=2)
     assert trained["residual_target"] > trained["residual_retained"] >= 0.0 and trained["at_cap_share"] == 0.0
+
+
+def test_the_diagnostics_phase_says_what_it_does_how_far_it_is_and_how_long_it_took(tiny, tmp_path, capsys):
+    """At the end of an ATLAS run the diagnostics take minutes on a real backbone: a start and an end line (with
+    seconds) in the log, and progress on stderr for each forward pass and for the site figures."""
+    import logging
+
+    from tests.baselines.baseline_helpers import prepared
+
+    model, method, ctx = prepared(tiny, "atlas", tmp_path / "run")
+    ctx.progress = True
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("suite.atlas")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level =`: setLevel clears the cached "is INFO enabled" answers
+    capsys.readouterr()
+    try:
+        report = method.diagnostics(model, ctx)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    n_sites = len(method.sites)
+    assert lines[0] == f"diagnostics: gate, filter and residual at {n_sites} sites on held-out tokens ..."
+    assert re.fullmatch(r"diagnostics: gate, filter and residual at \d+ sites on held-out tokens: done in "
+                        r"\d+\.\d s", lines[-1]), lines
+    assert float(lines[-1].split("done in ")[1][:-2]) == pytest.approx(method.costs()["diagnostics_seconds"], abs=0.1)
+    err = capsys.readouterr().err  # captured output is no terminal: plain lines, each bar's last state at least
+    assert "\r" not in err
+    for name in ("retained", "target", *report["by_domain"]):
+        assert re.search(rf"^diagnostics {name}: 100%", err, re.M), (name, err)
+    total = n_sites * (1 + 2 * len(report["by_domain"]))  # pooled retained, then each domain alone and scored
+    assert re.search(rf"^diagnostics sites: 100%.* {total}/{total} ", err, re.M), err
 
 
 def test_plain_nearest_differs_counts_retained_tokens_the_radii_give_to_another_center():

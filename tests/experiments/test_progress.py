@@ -51,3 +51,14 @@ def test_a_disabled_bar_writes_nothing():
     for _ in P.progress_bar(range(10), file=out, disable=True):
         pass
     assert out.getvalue() == ""
+
+
+def test_a_redirected_bar_that_would_vanish_on_a_terminal_still_writes_its_last_state():
+    # evaluation bars pass leave=False (on a terminal they clear when done); redirected, a bar shorter than
+    # PLAIN_INTERVAL_S would otherwise leave only its 0% line, as if it had stalled
+    out = io.StringIO()
+    for _ in P.progress_bar(range(40), desc="greedy math", file=out, leave=False):
+        pass
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("greedy math:   0%") and lines[-1].startswith("greedy math: 100%"), lines
+    assert "40/40" in lines[-1] and len(lines) == 2

@@ -179,6 +179,33 @@ def test_concurrent_calls_build_once(lm, tmp_path, monkeypatch):
     assert results[0].domains["math"].evaluation.response_ids == results[1].domains["math"].evaluation.response_ids
 
 
+def test_a_build_says_when_it_starts_and_how_long_it_took_and_a_hit_says_nothing(lm, tmp_path):
+    import logging
+    import re
+
+    model, tok = lm
+    bench, cfg = fake_benchmark(), _cfg(tmp_path, max_items_per_domain=1)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("suite.eval")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `logger.level =`: setLevel clears the cached "is INFO enabled" answers
+    try:
+        ref = rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+        built = list(lines)
+        rc.get_reference(model, tok, bench, cfg, "tiny/test", chat_template=False)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    what = f"reference cache: the base model's responses and log-probs, built once into {ref.path}"
+    assert built[0] == what + " ..." and len(built) == 2
+    seconds = float(re.fullmatch(re.escape(what) + r": done in (\d+\.\d) s", built[1]).group(1))
+    assert seconds == pytest.approx(ref.stats["build_s"], abs=0.1)
+    assert lines == built  # the hit: nothing more
+
+
 def test_failed_build_leaves_nothing_behind(lm, tmp_path, monkeypatch):
     model, tok = lm
     bench, cfg = fake_benchmark(), _cfg(tmp_path, max_items_per_domain=1)
