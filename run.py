@@ -48,7 +48,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     from experiments import command_line
-
     from experiments.closed_output import flush_quietly
     from experiments.log import quiet_console
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from analysis import schema
-from experiments.progress import progress_bar
 from suite_schema import layout
 from suite_schema.layout import find_records
 
@@ -261,8 +262,10 @@ def collect(
     first source in sorted order; the others are listed as duplicates.
     """
     record_paths, bare_dirs = find_records(dirs)
-    entries = [_read(p) for p in progress_bar(record_paths, desc="records", unit="record",
-                                          disable=not progress or not record_paths)]
+    # A bar on a terminal only: off one its redraws would pile up in the file, and reading records is quick (the
+    # report prints its counts as a plain line).
+    entries = [_read(p) for p in tqdm(record_paths, desc="records", unit="record",
+                                      disable=not progress or not record_paths or not _on_terminal(sys.stderr))]
     entries += _read_wandb(list(wandb_paths), api)
 
     skipped: list[Skipped] = []
@@ -380,3 +383,10 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
     if path.suffix in (".parquet", ".pq"):
         return pd.read_parquet(path)
     return pd.read_csv(path)
+
+
+def _on_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

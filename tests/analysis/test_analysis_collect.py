@@ -243,3 +243,11 @@ def test_boolean_cost_flags_are_accepted_but_not_strings(tmp_path):
     assert "cost/fisher_cache_hit" not in result.table.columns
     (skip,) = [s for s in result.skipped if s.run_id == worded["run_id"]]
     assert "'cost.train_seconds' is" in skip.reason
+
+
+def test_no_progress_bar_off_a_terminal(tmp_path, capsys):
+    # stderr is captured here, not a terminal: a bar's redraws would land in the file as they are
+    write(tmp_path, record("atlas", 0, 0.3))
+    assert len(collect([str(tmp_path)], progress=True).table) == 1
+    err = capsys.readouterr().err
+    assert "records" not in err and "\r" not in err
