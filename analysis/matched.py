@@ -168,14 +168,15 @@ def _split_of(benchmark: str) -> str:
 
 
 def base_pass1(df: pd.DataFrame, backbone: str, benchmark: str) -> float:
-    """The base model's mean pass@1 over its runs on one backbone and benchmark. ValueError, saying how to add them,
-    when there are none: a gain level's requirement would otherwise be read from a made-up 0."""
+    """The base model's mean pass@1 over its runs on one backbone and benchmark. ValueError, saying how to add them
+    (the backbone's name without a `--split-incomparable` suffix), when there are none: a gain level's requirement
+    would otherwise be read from a made-up 0."""
     g = df[(df["backbone"] == backbone) & (df["benchmark"] == benchmark) & (df["method"] == M.BASE)]
     if g.empty:
         split = _split_of(benchmark)
         raise ValueError(f"no complete {M.BASE} runs on {backbone}/{benchmark}: gain levels are shares of the coding "
                          f"gain over the base model's pass@1; add its records (python run.py method={M.BASE} "
-                         f"backbone={backbone} benchmark={str(benchmark).partition('@')[0]}"
+                         f"backbone={str(backbone).partition(' [')[0]} benchmark={str(benchmark).partition('@')[0]}"
                          + (f" benchmark.split={split}" if split != "test" else "")
                          + ") or use absolute levels (e.g. --levels 0.3 0.4)")
     return float(g[schema.TARGET_COL].mean())

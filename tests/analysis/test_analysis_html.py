@@ -223,6 +223,8 @@ def test_chromium_renders_the_page_without_console_errors(report, tmp_path):
     _, out, _, _ = report
     png = tmp_path / "index.png"
     console = render(out / "index.html", png, tmp_path / "profile")
+    if os.environ.get("ATLAS_SCREENSHOT_DIR"):  # keep the screenshot to look at
+        shutil.copy(png, Path(os.environ["ATLAS_SCREENSHOT_DIR"]) / "index.png")
     assert console == []
     with Image.open(png) as im:
         rgb = im.convert("RGB")

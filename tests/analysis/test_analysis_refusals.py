@@ -212,3 +212,13 @@ def test_a_lone_value_is_not_bold():
     assert t.bold_mask() == [[False, False], [False, False]]
     t.rows.append([Cell("EWC"), Cell("0.2", 0.2)])
     assert t.bold_mask() == [[False, True], [False, False], [False, False]]
+
+
+def test_the_command_to_add_base_runs_names_the_backbone_without_a_split_label():
+    from analysis import matched, schema
+
+    label = "micro [8 code problems / 16 math items]"  # a group --split-incomparable made
+    df = pd.DataFrame({"backbone": [label], "benchmark": ["micro_v3@dev"], "method": ["lora"], schema.TARGET_COL: [0.1]})
+    with pytest.raises(ValueError, match=r"\(python run\.py method=base backbone=micro benchmark=micro_v3 "
+                                         r"benchmark\.split=dev\)"):
+        matched.base_pass1(df, label, "micro_v3@dev")
