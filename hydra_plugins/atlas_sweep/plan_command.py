@@ -15,6 +15,7 @@ machine (`experiments.run_estimates`):
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -95,9 +96,11 @@ def plan_text(command: str, plan: Sequence[sweep.PlannedRun], states: dict[int, 
     todo = [r for r in plan if states[r.index][0] in LAUNCHED_STATES]
     if todo:
         total = sum(times[r.index].seconds for r in todo)
-        sources = sorted({times[r.index].source for r in todo})
+        sources = [times[r.index].source for r in todo]
+        where = sorted({re.sub(r", median of \d+| \+ up to \d+ refined scales", "", s) for s in sources})
+        refined = " (scale refinements at their most evaluations)" if any("refined" in s for s in sources) else ""
         lines.append(f"[plan] a launch runs {len(todo)} of them, about {duration(total)} one after another on this "
-                     f"machine (estimated from {'; '.join(sources)})")
+                     f"machine{refined}; estimates: {'; '.join(where)}")
     else:
         lines.append("[plan] a launch runs nothing: every run is done, running or queued")
     return "\n".join(lines)
