@@ -35,6 +35,7 @@ class StoppedTime:
         self.measured = False
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
+        self._counted = threading.Event()  # set by the helper thread once it has handled a SIGCONT
         self._previous_handler: Any = None
 
     def __enter__(self) -> StoppedTime:
@@ -58,6 +59,10 @@ class StoppedTime:
         return self
 
     def _on_continue(self, signum: int, frame: Any) -> None:
+        # Runs in the main thread right after the process continues: wait until the helper thread has counted the
+        # stop, so that `seconds` read next (the training step that was stopped) already holds it.
+        self._counted.wait(timeout=_PAIRING)
+        self._counted.clear()
         if callable(self._previous_handler):
             self._previous_handler(signum, frame)
 
@@ -77,6 +82,7 @@ class StoppedTime:
                 long_gap, long_gap_end = 0.0, float("-inf")
                 if gap > _GAP:  # the stop began somewhere in the tick before it: half of that tick is not counted
                     self.seconds += gap - TICK / 2
+                self._counted.set()
 
     def _signals(self) -> set[int]:
         try:
