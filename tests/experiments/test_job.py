@@ -92,8 +92,11 @@ def signalled(args, root, pattern, signum):
     """Launch `python run.py ARGS`, send `signum` as soon as a file matching `pattern` exists under `root`; return
     (returncode, output, the record as it was just before the signal, the process id)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # SIGINT at its default in the run, as in a terminal: a test session started in the background by a shell without
+    # job control inherits SIGINT ignored, and Python then raises no KeyboardInterrupt for it.
     proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 180
     while time.time() < deadline and not list(root.glob(pattern)):
         time.sleep(0.01)
