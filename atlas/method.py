@@ -39,6 +39,9 @@ from experiments.tensor_files import DamagedFile, load_tensors, save_tensors
 log = logging.getLogger("suite.atlas")
 
 SOURCES = ("retained", "target", "random")
+#: Which calibration tokens the atlas is fitted on: every token of prompt and response, or only the positions whose
+#: next-token distribution the loss and the retained KL score (`experiments.activations.TOKEN_MASKS`).
+FIT_TOKENS = {"all": "attention_mask", "scored": "scored"}
 ATLAS_FILE = "atlas.safetensors"
 ADAPTER_FILE = "adapter.safetensors"
 
@@ -55,7 +58,8 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     domains (`balance_domains`: an equal share per domain instead of their share of the tokens), how much the
     atlas conditions (`conditioning`: 0 = plain LoRA, 1 = full gate and filter), the center
     assignment (`assign` hard | soft at `assign_temperature`), the ablation switches (`use_gate`,
-    `use_filter`, `source` retained | target | random) and the atlas seed (null = the run's)."""
+    `use_filter`, `source` retained | target | random), which calibration tokens it is fitted on (`fit_tokens`: all,
+    or the scored positions only) and the atlas seed (null = the run's)."""
 
     rank: int
     alpha: float
@@ -75,11 +79,12 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
     use_gate: bool
     use_filter: bool
     source: str
+    fit_tokens: str
     atlas_seed: Optional[int]
 
     #: What an export written before these fields existed was built with (`Method.read_params`).
     EXPORT_DEFAULTS = {"gate_fit": "quantile", "balance_domains": False, "filter_basis": None,
-                       "filter_members": "kmeans"}
+                       "filter_members": "kmeans", "fit_tokens": "all"}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +110,7 @@ class ATLASParams(AdapterParams, SiteStatisticsParams):
         require("use_gate", self.use_gate, isinstance(self.use_gate, bool), "true or false")
         require("use_filter", self.use_filter, isinstance(self.use_filter, bool), "true or false")
         require("source", self.source, self.source in SOURCES, f"one of {list(SOURCES)}")
+        require("fit_tokens", self.fit_tokens, self.fit_tokens in FIT_TOKENS, f"one of {list(FIT_TOKENS)}")
         require("atlas_seed", self.atlas_seed, self.atlas_seed is None or is_int(self.atlas_seed), "null or an integer")
 
 
@@ -152,15 +158,17 @@ class ATLAS(Method):
 
     def collect(self, model: torch.nn.Module, ctx: RunContext, sites: list[Site], groups: dict[str, list[dict]],
                 seed: int) -> dict[str, torch.Tensor]:
-        """Site name -> (n, d) inputs on `groups`: `max_tokens` in all, split equally over the groups (the first
-        groups take the remainder; a group with fewer tokens gives all it has), each a seeded subsample."""
+        """Site name -> (n, d) inputs on `groups` at the tokens `fit_tokens` names: `max_tokens` in all, split equally
+        over the groups (the first groups take the remainder; a group with fewer tokens gives all it has), each a
+        seeded subsample."""
         p = self.params
         share, extra = divmod(p.max_tokens, len(groups))
         parts = []
         for j, seqs in enumerate(groups.values()):
             parts.append(collect_inputs(model, sites, seqs, pad_id=ctx.tokenizer.pad_token_id,
                                         batch_size=p.calibration_batch_size, max_tokens=share + (j < extra),
-                                        seed=seed + j, device=ctx.device, progress=ctx.progress))
+                                        seed=seed + j, device=ctx.device, progress=ctx.progress,
+                                        token_mask_key=FIT_TOKENS[p.fit_tokens]))
         return {s.name: torch.cat([part[s.name] for part in parts]) for s in sites}
 
     def build(self, model: torch.nn.Module, ctx: RunContext, sites: list[Site]) -> dict[str, SiteAtlas]:

@@ -51,6 +51,7 @@ LATER_KEYS = {
     "method.distill_on": "retained",  # LwF distilled on retained calibration prompts (now `lwf_retained`)
     "method.temperature": 1.0,  # LwF's distillation at temperature 1
     "benchmark.far": None,  # no far retained items (the earlier micro world)
+    "method.fit_tokens": "all",  # ATLAS's atlas fitted on every calibration token
 }
 #: Later keys that change what a method *is*, not a knob of it: analysis always names a record whose value differs
 #: from its method's current one (`analysis.variants`), so a record made under an earlier definition is never read as

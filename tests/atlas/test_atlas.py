@@ -386,3 +386,36 @@ def test_a_damaged_atlas_in_the_run_folder_is_built_again_and_a_damaged_export_i
     fresh, _, _ = tiny_model(tiny_backbone_dir)
     with pytest.raises(DamagedFile, match=f"{tmp_path / 'export' / 'atlas.safetensors'} is damaged: "):
         ATLAS.from_export(fresh, tmp_path / "export")
+
+
+@pytest.mark.parametrize("fit_tokens, counted", [("all", "attention_mask"), ("scored", "labels")])
+def test_fit_tokens_picks_the_calibration_tokens_the_atlas_is_fitted_on(tiny_backbone_dir, tmp_path, monkeypatch,
+                                                                      fit_tokens, counted):
+    """`fit_tokens=all` fits on every token of prompt and response; `scored` on the positions the retained KL scores
+    (one per response token: the position before it), so with room for every token a site sees exactly that many."""
+    import atlas.method as atlas_method
+
+    seen = []
+    collect = atlas_method.collect_inputs
+
+    def spy(model, sites, sequences, **kw):
+        out = collect(model, sites, sequences, **kw)
+        if counted == "labels":
+            expected = sum(sum(1 for t in s["labels"] if t != -100) for s in sequences)
+        else:
+            expected = sum(len(s["input_ids"]) for s in sequences)
+        seen.append((expected, {v.shape[0] for v in out.values()}))
+        return out
+
+    monkeypatch.setattr(atlas_method, "collect_inputs", spy)
+    seed_everything(0)
+    model, tok, bb = tiny_model(tiny_backbone_dir)
+    method = build_named("atlas", num_centers=4, max_tokens=10**6, filter_rank=4, fit_tokens=fit_tokens)
+    method.prepare(model, context(tiny_backbone_dir, tmp_path, tok, bb))
+    assert seen and all(rows == {expected} for expected, rows in seen), seen
+    assert method.params.fit_tokens == fit_tokens
+
+
+def test_an_unknown_fit_tokens_value_is_refused_before_any_compute():
+    with pytest.raises(ValueError, match=r"fit_tokens.*answers.*one of \['all', 'scored'\]"):
+        build_named("atlas", fit_tokens="answers")
