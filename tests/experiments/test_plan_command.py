@@ -71,16 +71,15 @@ def test_a_job_a_launch_would_refuse_is_exit_2(argv, expected, tmp_path, capsys)
     assert capsys.readouterr().err.startswith(f"error: {expected}")
 
 
-@pytest.mark.slow
-def test_a_backbone_that_is_not_here_is_one_line_and_exit_2(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(REPO / "run.py"), "--plan", "-m", "method=atlas,lora",
-                           "backbone=qwen3-8b", "seed=0,1,2", f"run_root={tmp_path / 'runs'}"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("error: backbone.path='Qwen/Qwen3-8B' is not allowed: a backbone in the local hub "
-                                  "cache while HF_HUB_OFFLINE is set")
+def test_a_backbone_that_is_not_here_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 sets it
+    code, text = _plan(["-m", "method=atlas,lora", "backbone=qwen3-8b", "seed=0,1,2", f"run_root={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and text == "" and err.count("\n") == 1
+    assert err.startswith("error: backbone.path='Qwen/Qwen3-8B' is not allowed: a backbone in the local hub cache "
+                          "while HF_HUB_OFFLINE is set")
     assert not (tmp_path / "runs").exists()
 
 
@@ -112,16 +111,16 @@ def test_a_preset_is_selected_without_plus_and_the_old_spelling_still_works():
 
 
 @pytest.mark.slow
-def test_cfg_job_validates_and_cfg_hydra_resolves(tmp_path):
-    def run(*argv):
-        return subprocess.run([sys.executable, str(REPO / "run.py"), *argv], capture_output=True, text=True,
-                              cwd=REPO, timeout=300)
-
-    bad = run("--cfg", "job", "eval.pass_k=[1,5]")
+def test_cfg_job_validates_and_cfg_hydra_resolves(tmp_path, capsys):
+    bad = subprocess.run([sys.executable, str(REPO / "run.py"), "--cfg", "job", "eval.pass_k=[1,5]"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == "error: eval.n_samples=1 is not allowed: an integer >= max(pass_k) = 5\n"
-    good = run("--cfg", "hydra", "--resolve", "method=lora", f"run_root={tmp_path}")
-    assert good.returncode == 0, good.stderr
-    assert f"dir: {tmp_path}/" in good.stdout and "${" not in good.stdout.split("sweep:")[0]
-    job = run("--cfg", "job", "-p", "train", "train.steps=7")
-    assert job.returncode == 0 and "steps: 7" in job.stdout.splitlines()
+    from experiments.run_id import register_run_id_resolver
+
+    register_run_id_resolver()
+    command_line.show_config(["--cfg", "hydra", "--resolve", "method=lora", f"run_root={tmp_path}"])
+    shown = capsys.readouterr().out
+    assert f"dir: {tmp_path}/" in shown and "${" not in shown.split("sweep:")[0]
+    command_line.show_config(["--cfg", "job", "-p", "train", "train.steps=7"])
+    assert "steps: 7" in capsys.readouterr().out.splitlines()
