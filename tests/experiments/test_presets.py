@@ -20,16 +20,16 @@ POINTS = sorted(p.stem for p in (CONF / "point").glob("*.yaml"))
 FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # The tuning presets, evaluated on the dev split (seeds 0 and 1; micro_tune_1pt, the 2-hour cut, seed 0); every other
 # preset is evaluated on the test split.
-DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt")
+DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt", "micro_v3_tune")
 SEEDS = {"micro_defaults": (0,), "micro_tune_1pt": (0,), **{preset: (0, 1) for preset in DEV if preset != "micro_tune_1pt"}}
 # Which tuning preset chose (or, for paper_main, is) each evaluation preset's points, and how many points per method.
 TUNED_BY = {"micro_main": ("micro_tune", 2), "micro_backbones": ("micro_tune", 2), "micro_main_1pt": ("micro_tune", 1),
             "micro_tune_1pt": ("micro_tune", 2), "micro_extended": ("micro_tune_extended", 2),
             "paper_main": ("paper_tune", 4), "paper_backbones": ("paper_tune", 4)}
-# The methods each tuning preset may tune (registry groups) besides the base; micro_tune_extended also runs the
-# reference (LoRA at its defaults) the levels are shares of.
-TUNES = {"micro_tune": ("reference", "baseline", "retained"), "paper_tune": ("reference", "baseline", "retained"),
-         "micro_tune_extended": ("extended",)}
+# The methods each tuning preset may tune (registry groups) besides the base, and the candidates each gets;
+# micro_tune_extended also runs the reference (LoRA at its defaults) the levels are shares of.
+TUNES = {"micro_tune": (("reference", "baseline", "retained"), 4), "paper_tune": (("reference", "baseline", "retained"), 4),
+         "micro_tune_extended": (("extended",), 4), "micro_v3_tune": (("reference", "baseline", "retained"), 5)}
 
 
 # `+point=` overrides of the points chosen on dev under their method's earlier definition (conf/point/*.yaml marked
@@ -129,14 +129,16 @@ def test_preset_multirun_expands_to_distinct_valid_runs(preset):
 
 @pytest.mark.parametrize("preset", sorted(TUNES))
 def test_tuning_presets_give_every_method_they_tune_the_same_budget(preset):
-    """Equal budget on dev: 4 points per method along its knob, none longer than the default budget, of the methods
-    of the registry groups the preset tunes, plus the base model (and, for the extended methods, the reference)."""
+    """Equal budget on dev: the same number of points per method along its knob (4, micro_v3_tune 5), none longer than
+    the default budget, of the methods of the registry groups the preset tunes, plus the base model (and, for the
+    extended methods, the reference)."""
     methods = methods_of(preset)
-    allowed = set(registry.members(*TUNES[preset]))
+    groups, candidates = TUNES[preset]
+    allowed = set(registry.members(*groups))
     extra = {"base": 1, "lora": 1} if preset == "micro_tune_extended" else {"base": 1}
     assert {m: methods[m] for m in extra} == extra
     tuned = {m: n for m, n in methods.items() if m not in extra}
-    assert tuned and set(tuned) <= allowed and set(tuned.values()) == {4}, tuned
+    assert tuned and set(tuned) <= allowed and set(tuned.values()) == {candidates}, tuned
     budget = registry.group_values("train", "default" if preset.startswith("micro_") else "paper")["steps"]
     assert max(c.train.steps for c in jobs_of(preset)) == budget
 
@@ -278,7 +280,7 @@ def test_default_points_are_the_plain_method_runs():
 
 def test_every_point_is_used_by_a_preset():
     used = {job_point for preset in ("micro_main", "paper_main", "micro_defaults", "micro_tune", "paper_tune",
-                                     "micro_tune_extended", "micro_extended", "micro_main_1pt")
+                                     "micro_tune_extended", "micro_extended", "micro_main_1pt", "micro_v3_tune")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
 
