@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import shlex
 import signal
 import subprocess
@@ -71,14 +72,23 @@ def launch(run: ProtocolRun, log: Path) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's ended (waited-for) children and theirs: a run's CPU time is the
+    difference across it (one run at a time)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @dataclass
 class Outcome:
-    """How one run of a chunk ended: its state (its record's status, or why it has none) and wall seconds."""
+    """How one run of a chunk ended: its state (its record's status, or why it has none), wall seconds and CPU
+    seconds (its process and all it started, every thread of each)."""
 
     run: ProtocolRun
     state: str
     seconds: float
     exit_code: int
+    cpu_seconds: float = 0.0
 
 
 def state_after(run: ProtocolRun, code: int) -> str:
@@ -97,10 +107,11 @@ def state_after(run: ProtocolRun, code: int) -> str:
 
 def run_chunk(chunk: Sequence[ProtocolRun], times: dict[str, Estimate], budget_s: float, log_dir: Path,
               start: Callable[[ProtocolRun, Path], int] = launch, clock: Callable[[], float] = time.monotonic,
-              say: Callable[[str], None] = print) -> list[Outcome]:
-    """Run the chunk's runs one after another (`start`), a progress line after each (k/n, run id, state, its time
-    and estimate, the chunk's time so far and the estimate of the rest). No run starts when the time spent and its
-    estimate would pass `budget_s` (the first always starts); an interrupted run ends the chunk."""
+              say: Callable[[str], None] = print, cpu: Callable[[], float] = children_cpu_seconds) -> list[Outcome]:
+    """Run the chunk's runs one after another (`start`), a progress line after each (k/n, run id, state, its wall
+    time and estimate, its CPU time (`cpu`, read before and after it), the chunk's time so far and the estimate of
+    the rest). No run starts when the time spent and its estimate would pass `budget_s` (the first always starts);
+    an interrupted run ends the chunk."""
     began, outcomes, n = clock(), [], len(chunk)
     for k, run in enumerate(chunk, 1):
         spent, est = clock() - began, times[run.run_id].seconds
@@ -109,12 +120,13 @@ def run_chunk(chunk: Sequence[ProtocolRun], times: dict[str, Estimate], budget_s
                 f"than the budget of {duration(budget_s)} leaves")
             break
         say(f"[{k}/{n}] {run.run_id}  {run.label}: started, about {duration(est)}")
-        t0 = clock()
+        t0, c0 = clock(), cpu()
         code = start(run, log_dir / f"{run.run_id}.log")
-        outcome = Outcome(run, state_after(run, code), clock() - t0, code)
+        outcome = Outcome(run, state_after(run, code), clock() - t0, code, cpu() - c0)
         outcomes.append(outcome)
         rest = sum(times[r.run_id].seconds for r in chunk[k:])
-        say(f"[{k}/{n}] {run.run_id} {outcome.state} in {duration(outcome.seconds)} (estimate {duration(est)}); "
+        say(f"[{k}/{n}] {run.run_id} {outcome.state} in {duration(outcome.seconds)} (estimate {duration(est)}, "
+            f"CPU {duration(outcome.cpu_seconds)}); "
             f"chunk {duration(clock() - began)}, about {duration(rest)} to go"
             + ("" if outcome.state == COMPLETE else f"; log: {log_dir / (run.run_id + '.log')}"))
         if outcome.state == INTERRUPTED:
@@ -156,8 +168,8 @@ def finish(protocol: Protocol, number: int, outcomes: Sequence[Outcome], times: 
     pending, now = left(protocol)
     rest = sum(now[r.run_id].seconds for r in pending)
     states = {s: sum(o.state == s for o in outcomes) for s in sorted({o.state for o in outcomes})}
-    ran = sum(o.seconds for o in outcomes)
-    lines = [f"chunk {number} of {protocol.preset}: {len(outcomes)} run(s) in {duration(ran)}: "
+    ran, cpu = sum(o.seconds for o in outcomes), sum(o.cpu_seconds for o in outcomes)
+    lines = [f"chunk {number} of {protocol.preset}: {len(outcomes)} run(s) in {duration(ran)} (CPU {duration(cpu)}): "
              + ", ".join(f"{n} {s}" for s, n in states.items())]
     if pending:
         lines.append(f"left: {len(pending)} of {len(protocol.runs)} run(s), about {duration(rest)}")
@@ -167,8 +179,9 @@ def finish(protocol: Protocol, number: int, outcomes: Sequence[Outcome], times: 
     entry = {"preset": protocol.preset, "overrides": list(protocol.overrides), "chunk": number, "started": began,
              "ended": datetime.now(timezone.utc).isoformat(), "hours": hours,
              "runs": [{"run_id": o.run.run_id, "label": o.run.label, "state": o.state, "seconds": round(o.seconds, 1),
-                       "estimate_s": round(times[o.run.run_id].seconds, 1), "source": times[o.run.run_id].source}
-                      for o in outcomes],
+                       "cpu_s": round(o.cpu_seconds, 1), "estimate_s": round(times[o.run.run_id].seconds, 1),
+                       "source": times[o.run.run_id].source} for o in outcomes],
+             "seconds": round(ran, 1), "cpu_s": round(cpu, 1),
              "left_runs": len(pending), "left_s": round(rest, 1)}
     return "\n".join(lines), entry
 

@@ -183,11 +183,12 @@ def test_run_chunk_stops_starting_runs_once_the_budget_would_pass(tmp_path):
 
     lines = []
     outcomes = protocol.run_chunk(runs, times, 400, tmp_path / "logs", start=start, clock=lambda: now[0],
-                                  say=lines.append)
+                                  say=lines.append, cpu=lambda: 2 * now[0])  # two busy threads
     # 150 s spent + 100 s estimate fit 400 s; 300 s + 100 s still do; 450 s + 100 s do not
     assert [o.state for o in outcomes] == [COMPLETE, COMPLETE, COMPLETE]
-    assert lines[1] == f"[1/4] {runs[0].run_id} complete in 2 min 30 s (estimate 1 min 40 s); chunk 2 min 30 s, " \
-                       "about 5 min 00 s to go"
+    assert [o.cpu_seconds for o in outcomes] == [300, 300, 300]
+    assert lines[1] == f"[1/4] {runs[0].run_id} complete in 2 min 30 s (estimate 1 min 40 s, CPU 5 min 00 s); " \
+                       "chunk 2 min 30 s, about 5 min 00 s to go"
     assert lines[-1].startswith(f"[4/4] not started: 7 min 30 s spent, {runs[3].run_id} would take")
 
     def interrupted(run, log):
@@ -292,6 +293,9 @@ def test_a_chunk_runs_end_to_end_and_the_same_command_goes_on(tiny_backbone_dir,
     chunks = [json.loads(line) for line in (root / protocol.CHUNKS_NAME).read_text().splitlines()]
     assert [c["chunk"] for c in chunks] == [1, 2] and [c["left_runs"] for c in chunks] == [1, 0]
     assert all(run["state"] == COMPLETE for c in chunks for run in c["runs"])
+    # the run's CPU time, its subprocesses' included, is measured: a real run spends some
+    assert all(run["cpu_s"] > 0 for c in chunks for run in c["runs"])
+    assert all(abs(c["cpu_s"] - sum(run["cpu_s"] for run in c["runs"])) <= 0.1 * len(c["runs"]) for c in chunks)
     logs = sorted((root / protocol.LOG_DIR).rglob("*.log"))
     assert len(logs) == 2
     assert protocol.main(["plan", *argv]) == exit_codes.DONE
