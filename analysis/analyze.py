@@ -42,6 +42,8 @@ class Analysis:
     variants: dict = field(default_factory=dict)
     items: Optional[BT.ItemBootstrap] = None  # ATLAS against each method, resampling problems and retained items
     domain_levels: pd.DataFrame = field(default_factory=pd.DataFrame)  # as domain_matched, every level
+    # Records with far items: near and far KL column -> ATLAS against every other trained method, as `paired`
+    paired_variants: dict = field(default_factory=dict)
 
     @property
     def primary_level(self) -> MT.Level:
@@ -156,14 +158,16 @@ def analyze(
 
     acols = answer_columns(runs)
     answers = _answers(runs, lv[primary], trained, [c for c, *_ in acols], ref)
-    variants = {}
+    variants, paired_variants = {}, {}
     for col in (pareto.NEAR_KL_COL, pareto.FAR_KL_COL, pareto.FAR_POOLED_KL_COL, pareto.ALL_POOLED_KL_COL) if far else ():
         vseed = MT.per_seed_matched(runs, lv, col, interpolate, trained, ref)
         variants[col] = (vseed, MT.summarize_matched(vseed, confidence))
+        if col in (pareto.NEAR_KL_COL, pareto.FAR_KL_COL):
+            paired_variants[col] = MT.compare(vseed, M.REFERENCE, None, confidence)
     items = BT.item_bootstrap(runs, lv, interpolate, ref, confidence, resamples)
     return Analysis(runs, lv, primary, interpolate, confidence, ref, doms, groups, thresholds, points, mseed, msum,
                     paired, domain_seed, domain_matched, answers, acols, pseed, psum, dominance, variants, items,
-                    domain_levels)
+                    domain_levels, paired_variants)
 
 
 def _answers(runs: pd.DataFrame, level: MT.Level, trained: list[str], cols: list[str],

@@ -121,6 +121,13 @@ def data_of(method: str) -> str:
     return _DISPLAY[base]["data"] if base in _DISPLAY else ""
 
 
+def group_of(method: str) -> str:
+    """The `display.group` of `method`'s registered method (reference, baseline, retained, extended, ablation, base;
+    a record named with an earlier definition, `method[...]`, takes its method's); "" for one the registry lacks."""
+    base = method.partition("[")[0]
+    return _DISPLAY[base].get("group", "") if base in _DISPLAY else ""
+
+
 def _same_number(value, text: str) -> bool:
     try:
         return float(value) == float(text)

@@ -40,6 +40,7 @@ OWNED_SUFFIXES = (".md", ".tex", ".png", ".pdf", ".csv", ".html")
 
 TABLE_TEXT = {
     "main": "KL at the matched coding requirement, every level: ATLAS and the baselines",
+    "verdict": "Per method and level: does ATLAS keep less headline, near and far KL (Holm-corrected paired t-tests)",
     "main_pooled": "The main table with the retained KL pooled over tokens (each domain weighs by its scored tokens)",
     "main_near": "The main table with the near items' retained KL (benchmarks with far items)",
     "main_far": "The main table with the far items' retained KL",
@@ -49,6 +50,8 @@ TABLE_TEXT = {
        for dom in pareto.DOMAIN_ORDER},
     "paired": "ATLAS against each method, paired over seeds (mean difference, interval, paired t, sign test; "
               "raw and Holm-corrected p)",
+    "paired_near": "The paired table with the near items' retained KL (its own Holm family)",
+    "paired_far": "The paired table with the far items' retained KL (its own Holm family)",
     "paired_items": "ATLAS against each method, resampling code problems and retained items (interval and p), next "
                     "to the paired table's interval over seeds",
     "dominance": "Share of ATLAS's measured points dominated by a same-seed point of each method, and the reverse",
@@ -72,6 +75,8 @@ DATA_TEXT = {
     "paired_items.csv": "ATLAS against each method per level, resampling code problems and retained items: problems, "
                         "items, pairs, mean difference, resamples with a pair, percentile interval, bootstrap p and its "
                         "Holm correction",
+    "paired_near.csv": "as paired.csv with the near items' KL (benchmarks with far items)",
+    "paired_far.csv": "as paired.csv with the far items' KL",
     "matched_pooled_per_seed.csv": "as matched_per_seed.csv with the token-pooled retained KL",
     "matched_pooled_summary.csv": "as matched_summary.csv with the token-pooled retained KL",
     "matched_near_summary.csv": "as matched_summary.csv with the near items' KL (benchmarks with far items)",
@@ -392,6 +397,8 @@ def write_report(
     }
     for col, (_, summary) in a.variants.items():
         data[f"matched_{col.removeprefix('retained_kl_')}_summary.csv"] = summary
+    for col, frame in a.paired_variants.items():
+        data[f"paired_{col.removeprefix('retained_kl_')}.csv"] = frame
     data_files = []
     for name, df in data.items():
         written.append(_csv(df, folder / "data" / name))

@@ -1,11 +1,14 @@
 """The paper's tables, built from an `Analysis`: each a `render.Table`, written as Markdown and LaTeX.
 
 - main:      KL at the matched coding requirement, ATLAS and the baselines, every level
+- verdict:   per method and level, whether ATLAS keeps less headline, near and far KL (Holm-corrected paired tests;
+             records with far items only)
 - main_pooled: the same with the token-pooled KL (every scored token of every domain weighs the same)
 - main_near, main_far, main_far_pooled, main_all_pooled: the same with the near or far items' KL (records with far
   items only; their main table's KL is the pre-registered headline)
 - main_<domain>: the same with one retained domain's KL alone, every level (one table per domain)
 - paired:    ATLAS against each other method at every level (paired over seeds), raw and Holm-corrected p
+- paired_near, paired_far: the same for the near and for the far items' KL (records with far items only)
 - paired_items: the same difference's interval and p from resampling code problems and retained items (only for
              records carrying per-problem and per-item results)
 - dominance: the share of ATLAS's measured points a same-seed point of each method dominates, and the reverse
@@ -245,13 +248,17 @@ def _level_rows(a: Analysis, frame: pd.DataFrame):
                     yield bb, bench, method, lv, r.iloc[0]
 
 
-def paired_table(a: Analysis) -> Table:
-    table = Table("paired", "Paired comparison of ATLAS against each method across seeds", group_header="Backbone")
+def paired_table(a: Analysis, p: Optional[pd.DataFrame] = None, name: str = "paired",
+                 title: str = "Paired comparison of ATLAS against each method across seeds",
+                 what: Optional[str] = None) -> Table:
+    """ATLAS against each method at every level, paired over seeds (`analysis.matched.compare`): of the headline
+    KL (`a.paired`), or of the KL `p` was compared on (`what` names it in the notes)."""
+    table = Table(name, title, group_header="Backbone")
     table.columns = ["Method", "Level", "Seed pairs", f"Mean Δ KL ({KL_UNIT})", "95% CI (t)", "95% CI (bootstrap)", "t",
                      "p (paired t)", "p (paired t, Holm)", "Seeds ATLAS lower", "p (sign test)", "p (sign test, Holm)",
                      "Unpaired seeds"]
     table.align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l"]
-    p = a.paired
+    p = a.paired if p is None else p
     if a.matched_seed.empty or not (a.matched_seed["method"] == M.REFERENCE).any():
         table.absent = "No complete ATLAS runs: there is nothing to compare the baselines against."
         return table
@@ -292,7 +299,92 @@ def paired_table(a: Analysis) -> Table:
         "Holm: the p-value Holm-corrected (step-down) over the family of every comparison in this table on the "
         "backbone that has one (each method at each level; the paired t and the sign test are corrected separately): "
         "a comparison is significant at a family-wise level α when its Holm p ≤ α.",
-        _kl_note(a).split(". (k/n")[0] + ".",
+        (_kl_note(a) if what is None else _kl_note(a, what)).split(". (k/n")[0] + ".",
+    ] + _level_notes(a, a.levels)
+    return table
+
+
+#: The KLs besides the headline that get their own paired table and a verdict column: (column, table, what).
+PAIRED_NEAR_FAR = (
+    (pareto.NEAR_KL_COL, "paired_near", "retained KL on near items (token mean, averaged over retained domains)"),
+    (pareto.FAR_KL_COL, "paired_far", "retained KL on far items (token mean, averaged over retained domains)"),
+)
+
+
+def paired_near_far_tables(a: Analysis) -> list[Table]:
+    """The paired table of the near items' and of the far items' KL where records have far items (each its own Holm
+    family); none otherwise."""
+    return [paired_table(a, a.paired_variants[col], name,
+                         f"Paired comparison of ATLAS against each method across seeds: {what.split(' (')[0]}", what)
+            for col, name, what in PAIRED_NEAR_FAR if col in a.paired_variants]
+
+
+#: The verdict's significance level: family-wise, over each paired table's Holm family.
+VERDICT_ALPHA = 0.05
+#: The verdict's sections, in order: the registry group of the methods each holds.
+VERDICT_SECTIONS = (("baseline", "published baseline"), ("retained", "retained-data variant"),
+                    ("extended", "beyond the paper"))
+
+
+def verdict_cell(r: Optional[pd.Series], method: str) -> Cell:
+    """One comparison's verdict from its paired row: `lower` / `higher` when the paired t-test's Holm p is at most
+    `VERDICT_ALPHA` (the sign of the mean difference), `no difference shown` otherwise; with Δ, its t-interval and
+    the Holm p, and the seeds on which only one of the two reaches the level."""
+    if r is None:
+        return Cell("n/a")
+    n, only_ref, only_oth = int(r["n_pairs"]), int(r["only_reference"]), int(r["only_method"])
+    alone = ([f"only ATLAS reaches on {only_ref} seed(s)"] if only_ref else []) + \
+        ([f"only {M.label(method)} reaches on {only_oth} seed(s)"] if only_oth else [])
+    if n < 2:
+        head = "n/a" if not alone else ("fewer than two seed pairs" if n else "no seed pair")
+        return Cell("; ".join([head, *alone]))
+    mean, holm = _f(r["mean_diff"]), _f(r["p_t_holm"])
+    word = ("no difference shown" if holm is None or holm > VERDICT_ALPHA or not mean else
+            "ATLAS lower" if mean < 0 else "ATLAS higher")
+    text = f"{word}: Δ {fmt_num(mean)} {fmt_interval(_f(r['lo']), _f(r['hi']))}, Holm p {fmt_p(holm)}, {n} pairs"
+    return Cell("; ".join([text, *alone]))
+
+
+def verdict_table(a: Analysis) -> Table:
+    """Per method other than ATLAS, sectioned as published baselines, retained-data variants and methods beyond the
+    paper, and per level: the verdict (`verdict_cell`) on the headline KL, the near items' and the far items' KL.
+    Where records have far items only (absent otherwise)."""
+    table = Table("verdict", "Verdict: does ATLAS keep less retained KL than each method at matched coding requirement?",
+                  group_header="Backbone")
+    table.columns = ["Method", "Kind", "Level", "Headline KL", "Near KL", "Far KL"]
+    table.align = ["l", "l", "l", "l", "l", "l"]
+    if not all(col in a.paired_variants for col, _, _ in PAIRED_NEAR_FAR):
+        table.absent = "No records with far items: the verdict reads the near and the far KL."
+        return table
+    frames = [a.paired, *(a.paired_variants[col] for col, _, _ in PAIRED_NEAR_FAR)]
+
+    def row_of(frame: pd.DataFrame, bb: str, bench: str, method: str, lv: Level) -> Optional[pd.Series]:
+        r = frame[(frame["backbone"] == bb) & (frame["benchmark"] == bench) & (frame["method"] == method)
+                  & (frame["level_spec"] == lv.spec)]
+        return r.iloc[0] if len(r) else None
+
+    for bb, bench in a.groups:
+        present = set(a.paired[(a.paired["backbone"] == bb) & (a.paired["benchmark"] == bench)]["method"])
+        methods = [m for m in M.main_methods(present) if m != M.REFERENCE]
+        kinds = dict(VERDICT_SECTIONS)
+        for group, kind in [*VERDICT_SECTIONS, ("", "other")]:
+            for method in methods:
+                if (M.group_of(method) if M.group_of(method) in kinds else "") != group:
+                    continue
+                for lv in a.levels:
+                    table.rows.append([Cell(M.label(method)), Cell(kind), Cell(_level_header(lv)),
+                                       *(verdict_cell(row_of(f, bb, bench, method, lv), method) for f in frames)])
+                    table.groups.append(group_label(bb, bench))
+    if not table.rows:
+        table.absent = "No method besides ATLAS to compare against."
+        return table
+    table.notes = [
+        f"ATLAS lower / higher: the paired t-test of KL(ATLAS) - KL(method) over the seeds where both reach the level "
+        f"has a Holm-corrected p ≤ {VERDICT_ALPHA} (family-wise over its paired table: tables/paired.md for the "
+        "headline KL, tables/paired_near.md and tables/paired_far.md for near and far), and the mean difference Δ "
+        "says which is lower; no difference shown: Holm p above it. Δ in nats per token with its 95% t-interval. A "
+        "method that reaches a level on fewer seeds than ATLAS (or the reverse) is named: reaching a coding "
+        "requirement the other misses is itself a result. Kind: the method's registry group (docs/baselines.md).",
     ] + _level_notes(a, a.levels)
     return table
 
@@ -609,11 +701,12 @@ def near_far_tables(a: Analysis) -> list[Table]:
     return out
 
 
-BUILDERS = (main_table, main_pooled_table, near_far_tables, main_domain_tables, paired_table, items_table,
+BUILDERS = (main_table, verdict_table, main_pooled_table, near_far_tables, main_domain_tables, paired_table,
+            paired_near_far_tables, items_table,
             dominance_table, ablation_table, backbones_table, domains_table, answers_table, costs_table,
             dev_candidates_table)
 #: Tables the report leaves out, instead of writing their absence, when they have nothing to show (`Report.absent`).
-OPTIONAL = ("paired_items", "dev_candidates")
+OPTIONAL = ("paired_items", "dev_candidates", "verdict")
 
 
 def all_tables(a: Analysis) -> list[Table]:
