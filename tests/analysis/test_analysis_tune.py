@@ -344,3 +344,38 @@ def test_report_lists_every_dev_candidate_and_marks_the_points_run_on_test():
     assert {k for k, used in rows.items() if used == "yes"} == {("Base model", "—"), ("LoRA", "train.steps=600"),
                                                                ("EWC", "ewc_lambda=10.0")}
     assert dev_candidates_table(analyze(table(chosen_on_test), reference="lora:train.steps=600")).absent
+
+
+# ATLAS's design round as a method's candidates (micro_v3_tune): two knobs, one numeric and one categorical
+DESIGN = {(1.0, "all"): (0.56, 0.20), (0.5, "all"): (0.57, 0.07), (0.25, "all"): (0.58, 0.12),
+          (0.5, "scored"): (0.58, 0.05)}
+
+
+def design_records(design):
+    recs = [r for r in dev_records() if r["method"] in ("base", "lora")]
+    recs += [record("atlas", 0, p, {"math": kl, "commonsense": kl},
+                    knobs={"rank": 8, "gate_temperature": t, "fit_tokens": fit}, split="dev")
+             for (t, fit), (p, kl) in design.items()]
+    return two_seeds(recs)
+
+
+def test_a_design_round_chooses_points_by_every_knob_it_varies_and_only_a_numeric_knob_has_an_edge(tmp_path):
+    for rec in design_records(DESIGN):
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "point"
+    _, written, _, _, edges, _, _ = tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out)
+    # every point reaches 0.54: the least KL (T 0.5, scored), then the least of the rest (T 0.5, all): both inside
+    # the temperature grid [0.25, 0.5, 1]; a categorical knob has no edge
+    assert yaml.safe_load((out / "micro_main_atlas_1.yaml").read_text())["method"] == {
+        "gate_temperature": 0.5, "fit_tokens": "scored"}
+    assert yaml.safe_load((out / "micro_main_atlas_2.yaml").read_text())["method"] == {
+        "gate_temperature": 0.5, "fit_tokens": "all"}
+    assert not [e for e in edges if e.method == "atlas"]
+
+    sharper = {**DESIGN, (0.25, "all"): (0.58, 0.01)}  # now the sharpest gate retains the most: the grid must go on
+    for rec in design_records(sharper):
+        write(tmp_path / "sharper", rec)
+    with pytest.raises(Refused) as refused:
+        tune([str(tmp_path / "sharper")], "lora:train.steps=600", 2)
+    assert ("  atlas: high pick gate_temperature=0.25 is the smallest value of its grid [0.25, 0.5, 1]; next "
+            "candidates beyond it (geometric): 0.125, 0.0625") in str(refused.value).splitlines()
