@@ -340,7 +340,8 @@ def test_report_with_the_fields_writes_the_table_next_to_the_paired_one(tmp_path
         write(tmp_path / "records", r)
     out = tmp_path / "report"
     rep = write_report([str(tmp_path / "records")], out, levels=["0.3"], resamples=100)
-    assert [a.split(":")[0] for a in rep.absent] == ["dev_candidates"]  # no dev records here
+    # no far items and no dev records here: no verdict, no dev candidates; the items table is written
+    assert [a.split(":")[0] for a in rep.absent] == ["verdict", "dev_candidates"]
     index = (out / "index.md").read_text()
     assert index.index("tables/paired.md") < index.index("tables/paired_items.md") < index.index("tables/dominance.md")
     assert "--resamples 100" in index and "(data/paired_items.csv)" in index
