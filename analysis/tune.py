@@ -417,6 +417,93 @@ def grid_edges(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choice]]) -
     return out
 
 
+@dataclass(frozen=True)
+class NewCandidate:
+    """One candidate of an extension round: its method, the values of every knob its method's grid varies, and why
+    it is there (`beyond ...`: past a refused edge; `beside ...`: between a pick and the grid value next to it)."""
+
+    method: str
+    knobs: tuple[tuple[str, object], ...]
+    why: str
+
+
+def between(a: float, b: float, spacing: str, integer: bool = False) -> Optional[float]:
+    """The value halfway between `a` and `b` in a grid's spacing (the geometric mean on a geometric grid, else the
+    arithmetic mean), rounded as `next_beyond` rounds; None where rounding leaves no value strictly between them."""
+    mid = math.sqrt(a * b) if spacing == "geometric" else (a + b) / 2
+    mid = float(round(mid)) if integer else float(f"{mid:.4g}")
+    if not min(a, b) < mid < max(a, b):
+        return None
+    return int(mid) if integer else mid
+
+
+def extension_round(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choice]],
+                    edges: dict[tuple[str, str], list[Edge]], allow_edge: Sequence[str] = (),
+                    max_halvings: int = 4) -> dict[tuple[str, str], list[NewCandidate]]:
+    """Per dev group, the next tuning round after a refusal, equal for every tuned method (a method with more than
+    one candidate): each gets `n` new candidates, `n` the most that a refused method (one with a refused edge that
+    `allow_edge` does not name) has beyond its edges. A refused method first takes those; every method then fills up
+    with values beside its picks (the reference excepted: the protocol fixes it), in their order: halfway, in its
+    grid's spacing, between the pick and the grid value below it, then above it, along each numeric knob, the other
+    knobs at the pick's values; the new values then count as grid values and the halving repeats (at most
+    `max_halvings` times) until `n` are found. Empty where nothing is refused."""
+    out: dict[tuple[str, str], list[NewCandidate]] = {}
+    for group, chosen in choices.items():
+        bb, bench = group
+        refused = [e for e in edges.get(group, []) if e.refused and e.method not in allow_edge]
+        beyond: dict[str, list[NewCandidate]] = {}
+        for e in refused:
+            for value in e.beyond:
+                knobs = tuple((k, value if k == e.knob else v) for k, v in e.knobs)
+                if all(c.knobs != knobs for c in beyond.get(e.method, [])):
+                    beyond.setdefault(e.method, []).append(NewCandidate(e.method, knobs, f"beyond: {e.text()}"))
+        n = max((len(v) for v in beyond.values()), default=0)
+        if n == 0:
+            out[group] = []
+            continue
+        g = df[(df["backbone"] == bb) & (df["benchmark"] == bench) & (df[schema.SCALE_COL] == 1.0)]
+        found: list[NewCandidate] = []
+        for method in dict.fromkeys(c.method for c in chosen):
+            rows, names, firsts = _points(g[g["method"] == method], method)
+            if len(rows) < 2:
+                continue
+            existing = {_knobs(firsts, k, names, method) for k in rows}
+            new = list(beyond.get(method, []))[:n]
+            seen = existing | {c.knobs for c in new}
+            grids = {name: sorted({v for knobs in existing for k, v in knobs if k == name and _numeric(v)})
+                     for name in names.values()}
+            spacing = {name: grid_spacing(grid) for name, grid in grids.items() if len(grid) >= 2}
+            picks = [c for c in chosen if c.method == method and c.role != "reference"]
+            for _ in range(max_halvings):
+                for c in picks:
+                    for name, value in c.knobs:
+                        if name not in spacing or not _numeric(value):
+                            continue
+                        grid, default = grids[name], _default(method, name)
+                        integer = isinstance(default, int) and not isinstance(default, bool)
+                        below = [v for v in grid if v < value]
+                        above = [v for v in grid if v > value]
+                        sides = (("below", below[-1] if below else None), ("above", above[0] if above else None))
+                        for side, other in sides:
+                            mid = None if other is None else between(value, other, spacing[name], integer)
+                            if mid is None or len(new) >= n:
+                                continue
+                            if isinstance(default, float):
+                                mid = float(mid)
+                            knobs = tuple((k, mid if k == name else v) for k, v in c.knobs)
+                            if knobs not in seen:
+                                seen.add(knobs)
+                                new.append(NewCandidate(method, knobs, f"beside the {c.role} pick {knob_text(c.knobs)} "
+                                                        f"({side}, {spacing[name]})"))
+                for name in grids:
+                    grids[name] = sorted(set(grids[name]) | {v for c in new for k, v in c.knobs if k == name})
+                if len(new) >= n:
+                    break
+            found += new
+        out[group] = found
+    return out
+
+
 class Refused(ValueError):
     """`tune` will not write points: unequal budgets or picks at the edge of their grid (one line per method)."""
 
@@ -615,6 +702,16 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
                      "method through with --allow-edge METHOD):")
         for method in dict.fromkeys(e.method for e in refused):
             lines.append(f"  {method}: " + "; ".join(e.text() for e in refused if e.method == method))
+        for (bb, bench), new in extension_round(table, choices, edges, allow_edge).items():
+            per_method: dict[str, list[str]] = {}
+            for c in new:
+                per_method.setdefault(c.method, []).append(knob_text(c.knobs))
+            n = max(len(v) for v in per_method.values())
+            lines.append(f"the extension round on {bb}/{bench} ({n} new candidate(s) for every tuned method: beyond "
+                         "the edge where refused, else beside the picks):")
+            lines += [f"  {method}: " + " | ".join(texts)
+                      + (f" (only {len(texts)}: no more values beside its picks)" if len(texts) < n else "")
+                      for method, texts in per_method.items()]
     if lines:
         raise Refused("tune refuses:\n" + "\n".join(lines))
     level_text = (f"levels {low:g} and {high:g} of the dev gain of {MT.parse_reference(reference).spec} over the "

@@ -11,7 +11,8 @@ from analysis_synth import record, write
 from analysis import schema
 from analysis.cli import main
 from analysis.collect import make_table
-from analysis.tune import Refused, choose_points, grid_spacing, next_beyond, pass1_se, stability, tune
+from analysis.tune import (Refused, between, choose_points, extension_round, grid_edges, grid_spacing, next_beyond,
+                           pass1_se, stability, tune)
 
 # dev pass@1, KL per grid point (seed 0); the reference is LoRA at 600 steps: base 0, hi 0.6 -> low 0.3, high 0.54
 LORA = {150: (0.20, 0.01), 300: (0.40, 0.05), 450: (0.55, 0.10), 600: (0.60, 0.20)}
@@ -198,7 +199,7 @@ def test_a_pick_at_the_edge_of_its_grid_is_refused_with_the_candidates_beyond_it
     out = tmp_path / "point"
     with pytest.raises(Refused) as refused:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out)
-    lines = str(refused.value).splitlines()
+    lines = str(refused.value).split("\nthe extension round")[0].splitlines()
     # one line per refused method: the edge, its grid, and the next candidates continuing the grid's spacing:
     # EWC's grid is geometric (x10) -> 1e5, 1e6; LwF's arithmetic (+1) -> 5, 6
     assert ("  ewc: low pick ewc_lambda=10000.0 is the largest value of its grid [10, 100, 1000, 10000]; next "
@@ -233,10 +234,48 @@ def test_a_pick_at_the_edge_of_its_grid_is_refused_with_the_candidates_beyond_it
     # only ewc: lwf is still refused; a name that is no tuned method is an error, not a silent pass
     with pytest.raises(Refused, match=r"\n  lwf: high pick") as only_ewc:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc"])
-    assert "  ewc:" not in str(only_ewc.value)
+    assert "  ewc:" not in str(only_ewc.value).split("\nthe extension round")[0]
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--allow-edge", "ewc", "lwf",
                  "olora"]) == 2
     assert "--allow-edge olora: no such tuned method (tuned: atlas, ewc, lora, lwf)" in capsys.readouterr().err
+
+
+def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refused_edges_else_beside_the_picks(
+        tmp_path):
+    for rec in edge_records():
+        write(tmp_path / "runs", rec)
+    with pytest.raises(Refused) as refused:
+        tune([str(tmp_path / "runs")], "lora:train.steps=600", 2)
+    text = str(refused.value)
+    # EWC and LwF are refused with 2 candidates beyond their edges each, so every tuned method gets 2 new ones: ATLAS
+    # beside its high pick (conditioning 1: 0.875 below, nothing above) then its low pick (0.75: 0.625 below; 0.875
+    # above is taken), LoRA beside its low pick (300 on the arithmetic grid [150, 300, 450, 600]: 225 below, 375
+    # above; the reference, 600, is fixed)
+    assert text.split("the extension round on micro/micro@dev ")[1].splitlines() == [
+        "(2 new candidate(s) for every tuned method: beyond the edge where refused, else beside the picks):",
+        "  atlas: conditioning=0.875 | conditioning=0.625",
+        "  lora: train.steps=225 | train.steps=375",
+        "  ewc: ewc_lambda=100000.0 | ewc_lambda=1000000.0",
+        "  lwf: lwf_lambda=5.0 | lwf_lambda=6.0"]
+    # EWC let through: beside its picks on its geometric grid, halfway between 10 and 100, then 1000 and 10000
+    with pytest.raises(Refused) as only_lwf:
+        tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc"])
+    assert "  ewc: ewc_lambda=31.62 | ewc_lambda=3162.0" in str(only_lwf.value).splitlines()
+    # nothing refused (both let through): no extension round
+    tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc", "lwf"])
+    df = table(edge_records())
+    choices = choose_points(df, "lora:train.steps=600", 2)
+    edges = grid_edges(df, choices)
+    assert extension_round(df, choices, edges, allow_edge=["ewc", "lwf"]) == {("micro", "micro@dev"): []}
+    # with ATLAS's high pick alone, the halving goes on from the new value: 0.875, then 0.9375
+    group = ("micro", "micro@dev")
+    only_high = {group: [c for c in choices[group] if c.method != "atlas" or c.role == "high"]}
+    atlas = [c for c in extension_round(df, only_high, edges)[group] if c.method == "atlas"]
+    assert [c.knobs for c in atlas] == [(("conditioning", 0.875),), (("conditioning", 0.9375),)]
+    assert atlas[1].why == "beside the high pick conditioning=1.0 (below, arithmetic)"
+    # halfway in the grid's spacing, rounded as the candidates beyond are; nothing where rounding leaves no value
+    assert between(300, 450, "arithmetic", integer=True) == 375 and between(10, 100, "geometric") == 31.62
+    assert between(1, 2, "arithmetic", integer=True) is None and between(16, 32, "geometric", integer=True) == 23
 
 
 def test_the_candidates_beyond_an_edge_continue_the_grid_inside_the_knob_s_bounds():
