@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node SLURM cluster on this machine, with accounting, for tests and demos.
 #
+#   slurm/local_cluster.sh install   install the Debian packages only (start does it too when needed)
 #   slurm/local_cluster.sh start     install (Debian packages) if needed, configure, start; idempotent
 #   slurm/local_cluster.sh stop      cancel this cluster's jobs and stop its daemons
 #   slurm/local_cluster.sh status    daemons, node state, queue; exit 0 only when usable
@@ -325,9 +326,17 @@ cmd_status() {
     return "$ok"
 }
 
+cmd_install() {
+    need_root
+    mkdir -p "$LOGS"
+    install_packages
+    log "packages installed: ${PACKAGES[*]}"
+}
+
 case "${1:-}" in
+    install) cmd_install ;;
     start) cmd_start ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+    *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
 esac
