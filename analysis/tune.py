@@ -198,8 +198,26 @@ def _points(g: pd.DataFrame, method: str):
     knob_cols = [c for c in g.columns if c.startswith(schema.KNOB_PREFIX)]
     firsts = g.drop_duplicates("sweep_key").set_index("sweep_key")
     varying = [c for c in knob_cols if firsts[c].astype(str).nunique() > 1]
-    return ({r.sweep_key: r for r in points.itertuples()}, {c: c[len(schema.KNOB_PREFIX):] for c in varying},
-            firsts)
+    derived = _derived(firsts, varying, method)
+    return ({r.sweep_key: r for r in points.itertuples()},
+            {c: c[len(schema.KNOB_PREFIX):] for c in varying if c not in derived}, firsts)
+
+
+def _derived(firsts: pd.DataFrame, varying: list[str], method: str) -> set[str]:
+    """The varying knob columns a point file must not set: a knob whose configured value is null (resolved at run
+    time, e.g. CorDA's alpha = rank) and whose recorded values follow another varying knob's across the candidates.
+    Setting the resolved value would make another run id than the candidate's."""
+    spec = registry.methods().get(method)
+    out: set[str] = set()
+    for col in varying:
+        name = col[len(schema.KNOB_PREFIX):]
+        if spec is None or name not in spec.values or spec.values[name] is not None:
+            continue
+        text = firsts[varying].astype(str)
+        if any(other != col and other not in out and text.groupby(other)[col].nunique().max() == 1
+               for other in varying):
+            out.add(col)
+    return out
 
 
 def knob_text(knobs: tuple[tuple[str, object], ...]) -> str:

@@ -278,6 +278,28 @@ def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refus
     assert between(1, 2, "arithmetic", integer=True) is None and between(16, 32, "geometric", integer=True) == 23
 
 
+def test_a_knob_resolved_from_another_at_run_time_is_not_written_to_the_point_file(tmp_path):
+    # CorDA's alpha is null in its config and resolves to its rank (records carry the resolved value): the points
+    # set the rank only, as the candidates did, so a chosen point is the tuned run (the same run id)
+    corda = {4: (0.40, 0.07), 8: (0.55, 0.04), 16: (0.50, 0.05), 32: (0.58, 0.08)}
+    recs = [r for r in dev_records() if r["method"] in ("base", "lora")]
+    recs += [record("corda", 0, p, {"math": kl, "commonsense": kl}, knobs={"rank": r, "alpha": float(r)}, split="dev")
+             for r, (p, kl) in corda.items()]
+    for rec in two_seeds(recs):
+        write(tmp_path / "runs", rec)
+    out = tmp_path / "point"
+    tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out)
+    # the least KL reaching 0.54 (rank 8), then the least of the rest reaching 0.3 (rank 16)
+    assert [yaml.safe_load((out / f"micro_main_corda_{i}.yaml").read_text())["method"] for i in (1, 2)] == [
+        {"rank": 8}, {"rank": 16}]
+    # a null knob set apart from the others is a knob of the grid
+    apart = [r for r in dev_records() if r["method"] in ("base", "lora")]
+    apart += [record("corda", 0, p, {"math": kl, "commonsense": kl}, knobs={"rank": 8, "alpha": a}, split="dev")
+              for a, (p, kl) in zip((4.0, 8.0, 16.0, 32.0), corda.values())]
+    chosen = choose_points(table(two_seeds(apart)), "lora:train.steps=600", 2)[("micro", "micro@dev")]
+    assert [c.knobs for c in chosen if c.method == "corda"] == [(("alpha", 8.0),), (("alpha", 16.0),)]
+
+
 def test_the_candidates_beyond_an_edge_continue_the_grid_inside_the_knob_s_bounds():
     assert grid_spacing([1, 30, 1000, 30000]) == "geometric" and grid_spacing([0.05, 0.1, 0.5, 1]) == "geometric"
     assert grid_spacing([0.25, 0.5, 0.75, 1]) == "arithmetic" and grid_spacing([150, 300, 450, 600]) == "arithmetic"
