@@ -1,7 +1,8 @@
 """Adding a method is four files (docs/baselines.md, "Adding a method"): in a copy of the repository, a LoRA variant
 added as its module, its conf/method file, its row in the method matrix and its line in the method table passes the
-tests that take their methods from the registry (presets, the method matrix, the docs), and trains, exports, scales
-and records through `run.py` like every other method. Without its matrix row the matrix says what is missing."""
+tests whose cases are the registered methods (the method matrix, the method table, every method with every backbone,
+the unknown-method message, the presets checked against the registry, the dependency scan), and trains, exports,
+scales and records through `run.py` like every other method. Without its matrix row the matrix says what is missing."""
 
 from __future__ import annotations
 
@@ -30,10 +31,15 @@ display: {{label: "Scaled LoRA", group: extended, order: 9, color: "#123456", ma
 """
 ROW = f'    "{NAME}": Row(),\n'
 LINE = f"| `{NAME}` | extended | `baselines/{NAME}.py` | LoRA with its update scaled by `output_scale` |\n"
-# The tests that take their methods from the registry (tests/docs/test_docs_commands.py reads none: the documented
-# commands name their methods, and the presets they expand are test_presets.py's).
-TESTS = ["tests/experiments/test_presets.py", "tests/baselines/test_baseline_matrix.py", "tests/docs/test_docs_methods.py",
-         "tests/test_dependencies.py", "tests/experiments/test_config.py"]
+# The tests whose cases are the registered methods (or the conf/method files), in a copy with the new method; of the
+# parametrized ones only the new method's cases: the others run in the suite itself, and adding a method changes none.
+# The preset tests that compose whole presets are left out: every preset names its methods, so a new one is in none.
+TESTS = ["tests/baselines/test_baseline_matrix.py", "tests/docs/test_docs_methods.py", "tests/test_dependencies.py",
+         "tests/experiments/test_config.py::test_every_method_and_backbone_composes_and_validates",
+         "tests/experiments/test_config.py::test_unknown_method_lists_valid_names",
+         "tests/experiments/test_presets.py::test_defaults_preset_runs_each_method_once_at_its_defaults",
+         "tests/experiments/test_presets.py::test_ablation_presets_run_atlas_and_each_of_its_variants_alike"]
+PER_METHOD = ("trains_loss_falls_exports_reloads_and_scales_to_the_base", "composes_and_validates")
 
 
 def copy_repository(dst: Path) -> Path:
@@ -75,18 +81,13 @@ def pytest_in(root: Path, *args: str, timeout: float) -> subprocess.CompletedPro
 def test_a_method_in_four_files_passes_every_registry_driven_test(tmp_path):
     root = copy_repository(tmp_path / "repo")
     add_method(root)
-    # Left out here, run in the suite itself: the preset tests that read no registry and whose presets do not name the
-    # new method (`--cfg job` of each preset in a subprocess, every job of every preset validated, the evaluation and
-    # cut presets against their tuning, the committed run ids), and the matrix's training test of every other method
-    # (one method's row runs alone; adding a method changes none)
-    skipped = ("composes_on_the_command_line", "multirun_expands_to_distinct_valid_runs",
-               "evaluation_presets_run_the_methods_their_tuning_chose", "one_point_presets_are_the_full_protocol",
-               "micro_run_ids_are_unchanged", "presets_sharing_the_main_runs_evaluate_its_scales")
-    proc = pytest_in(root, "-v", *TESTS, "-k", " and ".join(f"not {s}" for s in skipped) + " and "
-                     f"(not trains_loss_falls_exports_reloads_and_scales_to_the_base or {NAME})", timeout=3000)
+    selected = " and ".join(f"not {t}" for t in PER_METHOD)
+    proc = pytest_in(root, "-v", *TESTS, "-k", f"({selected}) or {NAME}", timeout=3000)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     for test in (f"test_trains_loss_falls_exports_reloads_and_scales_to_the_base[{NAME}] PASSED",
                  "test_one_cli_sweep_writes_a_complete_record_per_method PASSED",
+                 f"test_every_method_and_backbone_composes_and_validates[{NAME}-qwen3-8b] PASSED",
+                 "test_unknown_method_lists_valid_names PASSED",
                  "test_the_method_table_lists_every_registered_method_with_its_group_and_module PASSED"):
         assert test in proc.stdout, test
 
