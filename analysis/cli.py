@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--high", type=float, default=0.9, help="high level, share of the reference gain (default 0.9)")
     t.add_argument("--out", metavar="FOLDER", help="write the chosen points as conf/point files here")
     t.add_argument("--prefix", default="micro_main", help="point file names: PREFIX_<method>_<i>.yaml")
+    t.add_argument("--extension-prefix", metavar="PREFIX",
+                   help="on a refusal at a grid's edge, write the extension round's points to --out as "
+                        "PREFIX_<method>_<i>.yaml")
     t.add_argument("--close-se", type=float, default=1.0, metavar="Z",
                    help="a point within Z standard errors of a level is a close call (default: %(default)s)")
     t.add_argument("--allow-edge", nargs="+", default=[], metavar="METHOD",
@@ -185,13 +188,17 @@ def _tune(args) -> int:
     if not args.close_se > 0:
         print(f"error: --close-se {args.close_se}: a number of standard errors > 0", file=sys.stderr)
         return 2
+    if args.extension_prefix is not None and (not args.out or args.extension_prefix == args.prefix):
+        print(f"error: --extension-prefix {args.extension_prefix}: needs --out and a prefix other than --prefix "
+              f"({args.prefix})", file=sys.stderr)
+        return 2
     earlier = earlier_definitions(collect(args.dirs).table) if args.dirs else []
     if earlier:
         print(f"not tuned: records made under an earlier definition of their method ({', '.join(earlier)}); "
               "train those methods again on dev")
     tuned = tune(args.dirs, MT.parse_reference(args.reference).spec, args.points, args.low, args.high,
                  Path(args.out) if args.out else None, args.prefix, args.close_se, args.allow_edge,
-                 args.min_dev_seeds, Path(args.candidates) if args.candidates else None)
+                 args.min_dev_seeds, Path(args.candidates) if args.candidates else None, args.extension_prefix)
     frame, written, firm, threads = tuned.choices, tuned.written, tuned.stability, tuned.threads
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if tuned.edges:

@@ -654,6 +654,32 @@ def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix
     return written
 
 
+def write_extension(new: Sequence[NewCandidate], out: Path, prefix: str) -> list[Path]:
+    """Write `<out>/<prefix>_<method>_<i>.yaml` for every candidate of an extension round (one dev group), each
+    commented with why it is there; earlier files of this prefix that are not rewritten are removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    written, counts = [], {}
+    for c in new:
+        counts[c.method] = counts.get(c.method, 0) + 1
+        path = out / f"{prefix}_{c.method}_{counts[c.method]}.yaml"
+        method_knobs = {k: v for k, v in c.knobs if not k.startswith("train.")}
+        train_knobs = {k[len("train."):]: v for k, v in c.knobs if k.startswith("train.")}
+        lines = ["# @package _global_",
+                 f"# Extension candidate (dev split), named by `python -m analysis tune` after a refusal: {c.why}.",
+                 "defaults:", f"  - override /method: {c.method}"]
+        for key, knobs in (("method", method_knobs), ("train", train_knobs)):
+            if knobs:
+                lines.append(f"{key}: " + "{" + ", ".join(f"{k}: {v}" for k, v in sorted(knobs.items())) + "}")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(path)
+        written.append(path)
+    for stale in sorted(out.glob(f"{prefix}_*.yaml")):
+        if stale not in written:
+            stale.unlink()
+    return written
+
+
 def choices_frame(choices: dict[tuple[str, str], list[Choice]]) -> pd.DataFrame:
     """The choices as a table (backbone, benchmark, method, role, knobs, dev pass@1, dev KL, seeds)."""
     rows = [{"backbone": bb, "benchmark": bench, "method": c.method, "role": c.role,
@@ -699,10 +725,13 @@ def edge_note(edge: Edge) -> str:
 
 def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, high: float = 0.9,
          out: Optional[Path] = None, prefix: str = "micro_main", z: float = 1.0, allow_edge: Sequence[str] = (),
-         min_seeds: int = 2, candidates_dir: Optional[Path] = None) -> Tuned:
+         min_seeds: int = 2, candidates_dir: Optional[Path] = None,
+         extension_prefix: Optional[str] = None) -> Tuned:
     """Collect dev records from `dirs`, choose every method's points, refuse (`Refused`) unequal budgets and picks at
     the edge of their grid that `allow_edge` does not name (module docstring), and (with `out`) write their point
-    files and, next to them or in `candidates_dir`, the dev candidates as `<prefix>_candidates.csv`."""
+    files and, next to them or in `candidates_dir`, the dev candidates as `<prefix>_candidates.csv`. A refusal at an
+    edge names the extension round (`extension_round`); with `out` and `extension_prefix` it writes that round's
+    point files as `<extension_prefix>_<method>_<i>.yaml` (and still refuses)."""
     table = collect(dirs).table
     if table.empty:
         raise ValueError(f"no complete records under {list(dirs)}")
@@ -720,7 +749,8 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
                      "method through with --allow-edge METHOD):")
         for method in dict.fromkeys(e.method for e in refused):
             lines.append(f"  {method}: " + "; ".join(e.text() for e in refused if e.method == method))
-        for (bb, bench), new in extension_round(table, choices, edges, allow_edge).items():
+        rounds = extension_round(table, choices, edges, allow_edge)
+        for (bb, bench), new in rounds.items():
             per_method: dict[str, list[str]] = {}
             for c in new:
                 per_method.setdefault(c.method, []).append(knob_text(c.knobs))
@@ -730,6 +760,12 @@ def tune(dirs: Sequence[str], reference: str, n_points: int, low: float = 0.5, h
             lines += [f"  {method}: " + " | ".join(texts)
                       + (f" (only {len(texts)}: no more values beside its picks)" if len(texts) < n else "")
                       for method, texts in per_method.items()]
+        if out is not None and extension_prefix:
+            if len(rounds) != 1:
+                raise ValueError(f"extension points are written for one dev group at a time; the records hold "
+                                 f"{sorted(rounds)}")
+            lines += [f"wrote {path}" for path in write_extension(next(iter(rounds.values())), Path(out),
+                                                                  extension_prefix)]
     if lines:
         raise Refused("tune refuses:\n" + "\n".join(lines))
     level_text = (f"levels {low:g} and {high:g} of the dev gain of {MT.parse_reference(reference).spec} over the "

@@ -261,6 +261,19 @@ def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refus
     with pytest.raises(Refused) as only_lwf:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc"])
     assert "  ewc: ewc_lambda=31.62 | ewc_lambda=3162.0" in str(only_lwf.value).splitlines()
+    # written as point files with --extension-prefix (the refusal stands: exit 2), each saying why it is there
+    out = tmp_path / "point"
+    assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--out", str(out),
+                 "--extension-prefix", "ext1"]) == 2
+    files = sorted(p.name for p in out.glob("*.yaml"))
+    assert files == [f"ext1_{m}_{i}.yaml" for m in ("atlas", "ewc", "lora", "lwf") for i in (1, 2)]
+    ewc = (out / "ext1_ewc_1.yaml").read_text()
+    assert yaml.safe_load(ewc) == {"defaults": [{"override /method": "ewc"}], "method": {"ewc_lambda": 100000.0}}
+    assert "# Extension candidate (dev split), named by `python -m analysis tune` after a refusal: beyond: low pick " \
+           "ewc_lambda=10000.0 is the largest value" in ewc
+    assert yaml.safe_load((out / "ext1_lora_2.yaml").read_text())["train"] == {"steps": 375}
+    assert "beside the low pick train.steps=300 (above, arithmetic)" in (out / "ext1_lora_2.yaml").read_text()
+    assert main(["tune", str(tmp_path / "runs"), "--extension-prefix", "micro_main", "--out", str(out)]) == 2
     # nothing refused (both let through): no extension round
     tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc", "lwf"])
     df = table(edge_records())
