@@ -89,12 +89,20 @@ def test_every_committed_record_holds_the_config_its_run_id_hashes():
 def test_committed_run_ids_recompute_from_todays_config_tree(capsys):
     records = committed_records()
     changed = {}
+    # Composed once per config without its seed (no value in conf/ reads the seed: checked here), then given each
+    # record's seed: composing is most of this test's time, and most configs ran at several seeds.
+    assert not [p for p in registry.CONF.rglob("*.yaml") if "${seed}" in p.read_text()]
+    composed: dict[tuple[str, ...], dict] = {}
     with initialize_config_dir(config_dir=str(registry.CONF), version_base="1.3"):
         for run_id, (path, record) in records.items():
             if earlier_definition(record):
                 continue  # its method is defined otherwise today (checked below)
-            typed = validate_config(compose("config", overrides=overrides_of(record["config"])))
-            now = run_identity.scientific_config(OmegaConf.to_container(typed, resolve=True))
+            overrides = overrides_of(record["config"])
+            unseeded = tuple(o for o in overrides if not o.startswith("seed="))
+            if unseeded not in composed:
+                typed = validate_config(compose("config", overrides=list(overrides)))
+                composed[unseeded] = run_identity.scientific_config(OmegaConf.to_container(typed, resolve=True))
+            now = {**composed[unseeded], "seed": record["config"]["seed"]}
             if run_identity.run_id_of(now) != run_id:
                 was, is_now = _flat(record["config"]), _flat(now)
                 changed[run_id] = (path, {k: (was.get(k, ABSENT), is_now.get(k, ABSENT))
