@@ -604,17 +604,19 @@ def _sort_key(knobs: tuple) -> tuple:
     return tuple((0, float(v), "") if _numeric(v) else (1, 0.0, str(v)) for _, v in knobs)
 
 
+def knob_lines(knobs: tuple[tuple[str, object], ...]) -> list[str]:
+    """A point file's value lines: `method: {...}` for method knobs, `train: {...}` for `train.<key>` knobs."""
+    groups = {"method": {k: v for k, v in knobs if not k.startswith("train.")},
+              "train": {k[len("train."):]: v for k, v in knobs if k.startswith("train.")}}
+    return [f"{key}: " + "{" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + "}"
+            for key, d in groups.items() if d]
+
+
 def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]] = None,
                notes: Sequence[str] = ()) -> str:
     """The conf/point file of one chosen point; `threads` (from `thread_counts`) adds how the dev records were
     trained, which a re-run must match to reproduce the choice exactly; each of `notes` is one more comment line
     (a pick let through at the edge of its grid)."""
-    method_knobs = {k: v for k, v in choice.knobs if not k.startswith("train.")}
-    train_knobs = {k[len("train."):]: v for k, v in choice.knobs if k.startswith("train.")}
-
-    def block(d: dict) -> str:
-        return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(d.items())) + "}"
-
     lines = ["# @package _global_",
              f"# Chosen on the dev split by `python -m analysis tune` ({choice.role}: {level_text}): {choice.method} at "
              f"dev pass@1 {choice.pass1:.4f}, retained KL {choice.kl:.4f} (mean of {choice.n_seeds} seed(s)).",
@@ -624,60 +626,47 @@ def point_text(choice: Choice, level_text: str, threads: Optional[dict[int, int]
                         "round differently and can choose otherwise near a level.")
     at = lines.index("defaults:")
     lines[at:at] = [f"# {note}" for note in notes]
-    if method_knobs:
-        lines.append(f"method: {block(method_knobs)}")
-    if train_knobs:
-        lines.append(f"train: {block(train_knobs)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + knob_lines(choice.knobs)) + "\n"
+
+
+def write_prefixed(texts: Sequence[tuple[str, str]], out: Path, prefix: str) -> list[Path]:
+    """Write each (method, file text) as `<out>/<prefix>_<method>_<i>.yaml` (i counting per method); earlier files
+    of this prefix that are not rewritten are removed, so a preset globbing `<prefix>_*` reads exactly these."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    counts: dict[str, int] = {}
+    for method, text in texts:
+        counts[method] = counts.get(method, 0) + 1
+        path = out / f"{prefix}_{method}_{counts[method]}.yaml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        written.append(path)
+    for stale in sorted(out.glob(f"{prefix}_*.yaml")):
+        if stale not in written:
+            stale.unlink()
+    return written
 
 
 def write_points(choices: dict[tuple[str, str], list[Choice]], out: Path, prefix: str, level_text: str,
                  threads: Optional[dict[int, int]] = None, notes: Optional[dict[Choice, list[str]]] = None) -> list[Path]:
     """Write `<out>/<prefix>_<method>_<i>.yaml` for every choice (one dev group only), with `notes` of a choice as
-    comment lines; earlier files of this prefix that are not rewritten are removed, so a preset globbing
-    `<prefix>_*` reads exactly these."""
+    comment lines (`write_prefixed`)."""
     if len(choices) != 1:
         raise ValueError(f"points are written for one dev group at a time; the records hold {sorted(choices)}")
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    counts: dict[str, int] = {}
-    for choice in next(iter(choices.values())):
-        counts[choice.method] = counts.get(choice.method, 0) + 1
-        path = out / f"{prefix}_{choice.method}_{counts[choice.method]}.yaml"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(point_text(choice, level_text, threads, (notes or {}).get(choice, ())))
-        tmp.replace(path)
-        written.append(path)
-    for stale in sorted(out.glob(f"{prefix}_*.yaml")):
-        if stale not in written:
-            stale.unlink()
-    return written
+    return write_prefixed([(c.method, point_text(c, level_text, threads, (notes or {}).get(c, ())))
+                           for c in next(iter(choices.values()))], out, prefix)
 
 
 def write_extension(new: Sequence[NewCandidate], out: Path, prefix: str) -> list[Path]:
     """Write `<out>/<prefix>_<method>_<i>.yaml` for every candidate of an extension round (one dev group), each
-    commented with why it is there; earlier files of this prefix that are not rewritten are removed."""
-    out.mkdir(parents=True, exist_ok=True)
-    written, counts = [], {}
-    for c in new:
-        counts[c.method] = counts.get(c.method, 0) + 1
-        path = out / f"{prefix}_{c.method}_{counts[c.method]}.yaml"
-        method_knobs = {k: v for k, v in c.knobs if not k.startswith("train.")}
-        train_knobs = {k[len("train."):]: v for k, v in c.knobs if k.startswith("train.")}
+    commented with why it is there (`write_prefixed`)."""
+    def text(c: NewCandidate) -> str:
         lines = ["# @package _global_",
                  f"# Extension candidate (dev split), named by `python -m analysis tune` after a refusal: {c.why}.",
                  "defaults:", f"  - override /method: {c.method}"]
-        for key, knobs in (("method", method_knobs), ("train", train_knobs)):
-            if knobs:
-                lines.append(f"{key}: " + "{" + ", ".join(f"{k}: {v}" for k, v in sorted(knobs.items())) + "}")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(path)
-        written.append(path)
-    for stale in sorted(out.glob(f"{prefix}_*.yaml")):
-        if stale not in written:
-            stale.unlink()
-    return written
+        return "\n".join(lines + knob_lines(c.knobs)) + "\n"
+    return write_prefixed([(c.method, text(c)) for c in new], out, prefix)
 
 
 def choices_frame(choices: dict[tuple[str, str], list[Choice]]) -> pd.DataFrame:
