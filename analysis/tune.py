@@ -209,11 +209,11 @@ def _derived(firsts: pd.DataFrame, varying: list[str], method: str) -> set[str]:
     Setting the resolved value would make another run id than the candidate's."""
     spec = registry.methods().get(method)
     out: set[str] = set()
+    text = firsts[varying].astype(str)
     for col in varying:
         name = col[len(schema.KNOB_PREFIX):]
         if spec is None or name not in spec.values or spec.values[name] is not None:
             continue
-        text = firsts[varying].astype(str)
         if any(other != col and other not in out and text.groupby(other)[col].nunique().max() == 1
                for other in varying):
             out.add(col)
