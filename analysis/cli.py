@@ -204,8 +204,7 @@ def _tune(args) -> int:
     if tuned.edges:
         print("\nPicks at the edge of their grid:")
         for e in tuned.edges:
-            why = ("let through by --allow-edge" if e.refused else
-                   "accepted" if not e.beyond else "not refused: it maximises pass@1")
+            why = "let through by --allow-edge" if e.refused else "accepted: the knob's bound"
             print(f"  {e.method}: {e.text()} ({why})")
     idle = sorted(set(args.allow_edge) - {e.method for e in tuned.edges if e.refused})
     if idle:

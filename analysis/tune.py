@@ -32,17 +32,15 @@ Equal budgets, enforced (`tune` refuses, naming the methods, unless told otherwi
   tuned here (its point is the reference; e.g. LoRA in a preset that tunes other methods against micro_tune's
   reference): its seeds count, its candidate count does not.
 - **No pick at the edge of its grid.** A method's grid is, per knob its records vary, the values its candidates take.
-  A `high` or `low` pick (the least KL reaching a level) at the smallest or largest value of a knob means the least
-  KL may lie beyond the grid: the grid must be extended first. `grid_edges` names the edge and suggests the next
-  candidates beyond it, continuing the spacing next to the edge (geometric when the grid's steps are more even as
-  ratios than as differences, arithmetic otherwise) inside the knob's bounds (`KNOB_BOUNDS`; `train.steps` never
+  A pick at the smallest or largest value of a knob means its best may lie beyond the grid: the least KL reaching a
+  level (`high`, `low`), and equally the highest pass@1 (`high: not reached`, `fill`), which a step further along
+  the knob may raise past the level. The grid must be extended first. `grid_edges` names the edge and suggests the
+  next candidates beyond it, continuing the spacing next to the edge (geometric when the grid's steps are more even
+  as ratios than as differences, arithmetic otherwise) inside the knob's bounds (`KNOB_BOUNDS`; `train.steps` never
   beyond the longest training among the dev records, the budget no method may exceed; an integer knob stays
   integral). An edge with nothing beyond it (the knob's bound: ATLAS's conditioning 1, steps at the budget) is not a
-  grid artefact and passes. Not refused: the `reference` (fixed by the protocol, not chosen; the levels are its
-  shares) and the picks that maximise pass@1 rather than minimise KL, `high: not reached` and `fill`: a method
-  whose best dev pass@1 sits at the strong end of its grid and still misses the level is the honest outcome of the
-  budget, reported as a note with the candidates beyond. `allow_edge` lets named methods through; their point files
-  say so in a comment.
+  grid artefact and passes, and so does the `reference` (fixed by the protocol, not chosen; the levels are its
+  shares). `allow_edge` lets named methods through; their point files say so in a comment.
 """
 
 from __future__ import annotations
@@ -298,8 +296,6 @@ KNOB_BOUNDS: dict[str, tuple[Optional[float], Optional[float], bool, bool]] = {
     "train.lr": (0.0, None, True, False),
     "rank": (1.0, None, False, False),
 }
-REFUSED_ROLES = ("high", "low")              # the picks that minimise KL under a level: an edge is a grid artefact
-NOTED_ROLES = ("high: not reached", "fill")  # the picks that maximise pass@1: an edge is the budget's honest outcome
 
 
 @dataclass(frozen=True)
@@ -320,8 +316,8 @@ class Edge:
 
     @property
     def refused(self) -> bool:
-        """Refused unless allowed: a KL-minimising pick with candidates left beyond the edge."""
-        return self.role in REFUSED_ROLES and bool(self.beyond)
+        """Refused unless allowed: a chosen (not reference) pick with candidates left beyond the edge."""
+        return self.role != "reference" and bool(self.beyond)
 
     def text(self) -> str:
         grid = ", ".join(_num(v) for v in self.grid)
@@ -574,7 +570,7 @@ def candidates_frame(df: pd.DataFrame, choices: dict[tuple[str, str], list[Choic
         notes: dict[tuple, list[str]] = {}
         for e in edges.get((bb, bench), []):
             what = ("allowed (--allow-edge)" if e.method in allow_edge else "refused") if e.refused else \
-                   ("the knob's bound" if not e.beyond else "not refused (maximises pass@1)")
+                   "the knob's bound"
             notes.setdefault((e.method, knob_text(e.knobs)), []).append(
                 f"{e.knob} {e.side} ({what}" + (f"; beyond: {', '.join(_num(v) for v in e.beyond)})" if e.beyond
                                                 else ")"))

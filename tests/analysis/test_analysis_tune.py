@@ -16,7 +16,7 @@ from analysis.tune import (Refused, between, choose_points, extension_round, gri
 
 # dev pass@1, KL per grid point (seed 0); the reference is LoRA at 600 steps: base 0, hi 0.6 -> low 0.3, high 0.54
 LORA = {150: (0.20, 0.01), 300: (0.40, 0.05), 450: (0.55, 0.10), 600: (0.60, 0.20)}
-EWC = {10.0: (0.50, 0.03), 100.0: (0.45, 0.02), 1000.0: (0.30, 0.01), 10000.0: (0.10, 0.005)}
+EWC = {10.0: (0.45, 0.04), 100.0: (0.50, 0.03), 1000.0: (0.30, 0.01), 10000.0: (0.10, 0.005)}
 ATLAS = {0.25: (0.60, 0.15), 0.5: (0.58, 0.10), 0.75: (0.57, 0.08), 1.0: (0.56, 0.06)}
 
 
@@ -43,14 +43,14 @@ def test_each_method_gets_the_same_number_of_points_by_one_rule():
         # counts against LoRA's budget), although 450 would be the least KL reaching 0.54; then the least KL
         # reaching 0.3
         ("lora", (("train.steps", 600),), "reference"), ("lora", (("train.steps", 300),), "low"),
-        # never reaches 0.54: its highest pass@1 (lambda 10); then the least KL reaching 0.3 (lambda 1000)
-        ("ewc", (("ewc_lambda", 10.0),), "high: not reached"), ("ewc", (("ewc_lambda", 1000.0),), "low"),
+        # never reaches 0.54: its highest pass@1 (lambda 100); then the least KL reaching 0.3 (lambda 1000)
+        ("ewc", (("ewc_lambda", 100.0),), "high: not reached"), ("ewc", (("ewc_lambda", 1000.0),), "low"),
         # every point reaches 0.54: the least KL (c = 1); then the least KL among the rest (c = 0.75)
         ("atlas", (("conditioning", 1.0),), "high"), ("atlas", (("conditioning", 0.75),), "low"),
     }
     three = choose_points(table(dev_records()), "lora:train.steps=600", n_points=3)[("micro", "micro@dev")]
     ewc = [c for c in three if c.method == "ewc"]
-    assert [c.knobs[0][1] for c in ewc] == [10.0, 1000.0, 100.0]   # the third: least KL of the rest reaching 0.3
+    assert [c.knobs[0][1] for c in ewc] == [100.0, 1000.0, 10.0]   # the third: least KL of the rest reaching 0.3
     five = choose_points(table(dev_records()), "lora:train.steps=600", n_points=5)[("micro", "micro@dev")]
     assert sum(c.method == "lora" for c in five) == 4                # never more than the grid
     # another reference: LoRA is chosen by the rule (450: least KL reaching the high level), EWC starts from it
@@ -88,7 +88,7 @@ def test_tune_writes_point_files_and_removes_stale_ones(tmp_path, capsys):
     assert not any("At the edge" in p.read_text() for p in written)
     lora_high = yaml.safe_load((out / "micro_main_lora_1.yaml").read_text())
     assert lora_high == {"defaults": [{"override /method": "lora"}], "train": {"steps": 600}}
-    assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 10}
+    assert yaml.safe_load((out / "micro_main_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 100}
     # written in the type of the configured default (the run id hashes `1.0` and `1` differently): ATLAS's
     # conditioning 1 is its default run, a float; LoRA's steps stay an integer
     assert "method: {conditioning: 1.0}" in (out / "micro_main_atlas_1.yaml").read_text()
@@ -135,13 +135,13 @@ def test_stability_names_the_methods_whose_choice_hangs_on_points_within_their_e
     # (the base, at 0, has none). Every ATLAS point lies within 1 combined SE of the high level (0.56 is +0.3 SE,
     # 0.60 is +0.9 SE): read as missing it, no point reaches it, the highest pass@1 (c = 0.25) is the high point
     # and the least-KL point reaching the low level (c = 1) the other: the pair {0.25, 1} instead of {1, 0.75}.
-    # EWC's lambda 1000 sits on the low level (0.30, +0.0 SE): read as missing it, the low point is lambda 100.
+    # EWC's lambda 1000 sits on the low level (0.30, +0.0 SE): read as missing it, the low point is lambda 10.
     # LoRA's close points (450 and 600 near the high level) do not change its choice: the reference comes first.
     assert pass1_se(0.6, 100) == pytest.approx(0.04899, abs=1e-5) and pass1_se(0.0, 100) == 0.0
     found = {st.method: st for st in stability(table(dev_records()), "lora:train.steps=600", 2)[("micro", "micro@dev")]}
     assert found["atlas"].close and found["atlas"].alternative == ((("conditioning", 0.25),), (("conditioning", 1.0),))
     assert "conditioning=1.0 (high level, +0.3 SE)" in found["atlas"].close_points
-    assert found["ewc"].close and found["ewc"].alternative == ((("ewc_lambda", 10.0),), (("ewc_lambda", 100.0),))
+    assert found["ewc"].close and found["ewc"].alternative == ((("ewc_lambda", 100.0),), (("ewc_lambda", 10.0),))
     assert "ewc_lambda=1000.0 (low level, +0.0 SE)" in found["ewc"].close_points
     assert not found["lora"].close and found["lora"].alternative == ()
     assert {c.split(" (")[0] for c in found["lora"].close_points} == {"train.steps=450", "train.steps=600"}
@@ -200,16 +200,18 @@ def test_a_pick_at_the_edge_of_its_grid_is_refused_with_the_candidates_beyond_it
     with pytest.raises(Refused) as refused:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, out=out)
     lines = str(refused.value).split("\nthe extension round")[0].splitlines()
-    # one line per refused method: the edge, its grid, and the next candidates continuing the grid's spacing:
-    # EWC's grid is geometric (x10) -> 1e5, 1e6; LwF's arithmetic (+1) -> 5, 6
-    assert ("  ewc: low pick ewc_lambda=10000.0 is the largest value of its grid [10, 100, 1000, 10000]; next "
-            "candidates beyond it (geometric): 100000, 1e+06") in lines
+    # one line per refused method: each edge, its grid, and the next candidates continuing the grid's spacing:
+    # EWC's grid is geometric (x10) -> 1e5, 1e6 above its low pick, 1, 0.1 below its best pass@1 (`high: not
+    # reached`: a step further may raise it past the level); LwF's grid arithmetic (+1) -> 5, 6
+    assert ("  ewc: high: not reached pick ewc_lambda=10.0 is the smallest value of its grid [10, 100, 1000, 10000]; "
+            "next candidates beyond it (geometric): 1, 0.1; low pick ewc_lambda=10000.0 is the largest value of its "
+            "grid [10, 100, 1000, 10000]; next candidates beyond it (geometric): 100000, 1e+06") in lines
     assert ("  lwf: high pick lwf_lambda=4.0 is the largest value of its grid [1, 2, 3, 4]; next candidates beyond "
             "it (arithmetic): 5, 6") in lines
-    # not refused: LoRA's reference (600 steps: the protocol's budget), EWC's "high: not reached" pick at its
-    # strongest end (lambda 10: the honest outcome), ATLAS's conditioning 1 (the knob's bound, nothing beyond)
+    # not refused: LoRA's reference (600 steps: the protocol's budget), ATLAS's conditioning 1 (the knob's bound,
+    # nothing beyond)
     assert not any(line.startswith(("  lora", "  atlas")) for line in lines)
-    assert sum(line.startswith("  ewc") for line in lines) == 1 and "ewc_lambda=10.0" not in str(refused.value)
+    assert sum(line.startswith("  ewc") for line in lines) == 1
     assert not out.exists()  # nothing written
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--out", str(out)]) == 2
     assert "error: tune refuses:" in capsys.readouterr().err
@@ -219,15 +221,16 @@ def test_a_pick_at_the_edge_of_its_grid_is_refused_with_the_candidates_beyond_it
                  "--allow-edge", "ewc", "lwf"]) == 0
     printed = capsys.readouterr().out
     assert "  ewc: high: not reached pick ewc_lambda=10.0 is the smallest value of its grid [10, 100, 1000, 10000]; " \
-           "next candidates beyond it (geometric): 1, 0.1 (not refused: it maximises pass@1)" in printed
+           "next candidates beyond it (geometric): 1, 0.1 (let through by --allow-edge)" in printed
     assert "  atlas: high pick conditioning=1.0 is the largest value of its grid [0.25, 0.5, 0.75, 1]," in printed
-    assert "the knob's bound (conditioning <= 1): nothing beyond (accepted)" in printed
+    assert "the knob's bound (conditioning <= 1): nothing beyond (accepted: the knob's bound)" in printed
     low = (out / "micro_main_ewc_2.yaml").read_text()
     assert ("# At the edge of its grid, let through by `--allow-edge ewc`: low pick ewc_lambda=10000.0 is the largest "
             "value of its grid [10, 100, 1000, 10000]; next candidates beyond it (geometric): 100000, 1e+06.\n"
             "defaults:") in low
     assert yaml.safe_load(low)["method"] == {"ewc_lambda": 10000.0}
-    assert "At the edge" not in (out / "micro_main_ewc_1.yaml").read_text()  # not reached: not refused, no note
+    assert "let through by `--allow-edge ewc`: high: not reached pick ewc_lambda=10.0" in \
+        (out / "micro_main_ewc_1.yaml").read_text()
     assert "let through by `--allow-edge lwf`" in (out / "micro_main_lwf_1.yaml").read_text()
     assert not any("At the edge" in (out / f"micro_main_{m}_{i}.yaml").read_text()
                    for m in ("lora", "atlas") for i in (1, 2))
@@ -247,16 +250,19 @@ def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refus
     with pytest.raises(Refused) as refused:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2)
     text = str(refused.value)
-    # EWC and LwF are refused with 2 candidates beyond their edges each, so every tuned method gets 2 new ones: ATLAS
-    # beside its high pick (conditioning 1: 0.875 below, nothing above) then its low pick (0.75: 0.625 below; 0.875
-    # above is taken), LoRA beside its low pick (300 on the arithmetic grid [150, 300, 450, 600]: 225 below, 375
-    # above; the reference, 600, is fixed)
+    # EWC is refused with 4 candidates beyond its edges (1, 0.1 below its best pass@1 at lambda 10; 1e5, 1e6 above
+    # its low pick), LwF with 2 (5, 6), so every tuned method gets 4 new ones. LwF then beside its picks (high 4:
+    # 3.5 below, nothing above; low 3: 2.5 below, 3.5 above is taken). ATLAS beside its high pick (conditioning 1:
+    # 0.875 below, nothing above) then its low pick (0.75: 0.625 below; 0.875 above is taken), then halving again
+    # with those as grid values (1: 0.9375; 0.75: 0.6875 below). LoRA beside its low pick (300 on the arithmetic
+    # grid [150, 300, 450, 600]: 225 below, 375 above, then 262.5 and 337.5, rounded to integers as steps are, half to
+    # even; the reference, 600, is fixed)
     assert text.split("the extension round on micro/micro@dev ")[1].splitlines() == [
-        "(2 new candidate(s) for every tuned method: beyond the edge where refused, else beside the picks):",
-        "  atlas: conditioning=0.875 | conditioning=0.625",
-        "  lora: train.steps=225 | train.steps=375",
-        "  ewc: ewc_lambda=100000.0 | ewc_lambda=1000000.0",
-        "  lwf: lwf_lambda=5.0 | lwf_lambda=6.0"]
+        "(4 new candidate(s) for every tuned method: beyond the edge where refused, else beside the picks):",
+        "  atlas: conditioning=0.875 | conditioning=0.625 | conditioning=0.9375 | conditioning=0.6875",
+        "  lora: train.steps=225 | train.steps=375 | train.steps=262 | train.steps=338",
+        "  ewc: ewc_lambda=1.0 | ewc_lambda=0.1 | ewc_lambda=100000.0 | ewc_lambda=1000000.0",
+        "  lwf: lwf_lambda=5.0 | lwf_lambda=6.0 | lwf_lambda=3.5 | lwf_lambda=2.5"]
     # EWC let through: beside its picks on its geometric grid, halfway between 10 and 100, then 1000 and 10000
     with pytest.raises(Refused) as only_lwf:
         tune([str(tmp_path / "runs")], "lora:train.steps=600", 2, allow_edge=["ewc"])
@@ -266,8 +272,11 @@ def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refus
     assert main(["tune", str(tmp_path / "runs"), "--reference", "lora:train.steps=600", "--out", str(out),
                  "--extension-prefix", "ext1"]) == 2
     files = sorted(p.name for p in out.glob("*.yaml"))
-    assert files == [f"ext1_{m}_{i}.yaml" for m in ("atlas", "ewc", "lora", "lwf") for i in (1, 2)]
-    ewc = (out / "ext1_ewc_1.yaml").read_text()
+    assert files == [f"ext1_{m}_{i}.yaml" for m in ("atlas", "ewc", "lora", "lwf") for i in (1, 2, 3, 4)]
+    assert yaml.safe_load((out / "ext1_ewc_1.yaml").read_text())["method"] == {"ewc_lambda": 1.0}
+    assert "beyond: high: not reached pick ewc_lambda=10.0 is the smallest value" in \
+        (out / "ext1_ewc_1.yaml").read_text()
+    ewc = (out / "ext1_ewc_3.yaml").read_text()
     assert yaml.safe_load(ewc) == {"defaults": [{"override /method": "ewc"}], "method": {"ewc_lambda": 100000.0}}
     assert "# Extension candidate (dev split), named by `python -m analysis tune` after a refusal: beyond: low pick " \
            "ewc_lambda=10000.0 is the largest value" in ewc
@@ -280,11 +289,12 @@ def test_a_refusal_names_the_extension_round_equal_for_every_method_beyond_refus
     choices = choose_points(df, "lora:train.steps=600", 2)
     edges = grid_edges(df, choices)
     assert extension_round(df, choices, edges, allow_edge=["ewc", "lwf"]) == {("micro", "micro@dev"): []}
-    # with ATLAS's high pick alone, the halving goes on from the new value: 0.875, then 0.9375
+    # with ATLAS's high pick alone, the halving goes on from each new value: 0.875, 0.9375, 0.96875, 0.984375
+    # (4 significant digits, as the candidates beyond are rounded)
     group = ("micro", "micro@dev")
     only_high = {group: [c for c in choices[group] if c.method != "atlas" or c.role == "high"]}
     atlas = [c for c in extension_round(df, only_high, edges)[group] if c.method == "atlas"]
-    assert [c.knobs for c in atlas] == [(("conditioning", 0.875),), (("conditioning", 0.9375),)]
+    assert [c.knobs for c in atlas] == [(("conditioning", v),) for v in (0.875, 0.9375, 0.9688, 0.9844)]
     assert atlas[1].why == "beside the high pick conditioning=1.0 (below, arithmetic)"
     # halfway in the grid's spacing, rounded as the candidates beyond are; nothing where rounding leaves no value
     assert between(300, 450, "arithmetic", integer=True) == 375 and between(10, 100, "geometric") == 31.62
@@ -397,7 +407,7 @@ def test_the_candidates_table_lists_every_dev_candidate_with_its_seeds_and_what_
     assert top["kl"] == pytest.approx(0.005) and top["kl_per_seed"] == "0.0055; 0.0045"
     assert top["chosen"] == "low" and top["edge"] == "ewc_lambda largest (allowed (--allow-edge); beyond: 100000, 1e+06)"
     assert ewc.loc["ewc_lambda=10.0", "chosen"] == "high: not reached"
-    assert ewc.loc["ewc_lambda=10.0", "edge"] == "ewc_lambda smallest (not refused (maximises pass@1); beyond: 1, 0.1)"
+    assert ewc.loc["ewc_lambda=10.0", "edge"] == "ewc_lambda smallest (allowed (--allow-edge); beyond: 1, 0.1)"
     assert ewc.loc["ewc_lambda=100.0", "chosen"] == "" and ewc.loc["ewc_lambda=100.0", "edge"] == ""
     lora = frame[frame["method"] == "lora"].set_index("knobs")
     assert lora.loc["train.steps=600", "chosen"] == "reference" and lora.loc["train.steps=600", "edge"] == ""

@@ -308,10 +308,10 @@ def _assert_seed_0_trainings_are_the_dev_runs(trained: list[dict], folder: Path,
 
 
 def test_extended_dev_records_choose_the_committed_points(tmp_path):
-    # PiSSA's and DoRA's low picks are their grid's 150 steps (MiLoRA's and DoRA's high picks, 600 steps, are the
-    # budget: nothing beyond; full FT's lr 3e-4 misses the high level: its best, not refused)
+    # PiSSA's and DoRA's low picks are their grid's 150 steps, full FT's best pass@1 (it misses the high level) its
+    # grid's largest lr, 3e-4 (MiLoRA's and DoRA's high picks, 600 steps, are the budget: nothing beyond)
     dev, committed = _dev_records_choosing(EXTENDED, EXTENDED_DEV_SHA, 2, "micro_extended", tmp_path,
-                                           allow_edge=("pissa", "dora"))
+                                           allow_edge=("pissa", "dora", "fullft"))
     assert Counter(r["method"] for r in dev) == {"base": 1, "lora": 1, **{m: 4 for m in FIVE}}
     assert committed == 11
 
@@ -364,9 +364,10 @@ def test_extended_report_leaves_micro_main_s_levels_and_numbers_where_they_were(
 
 
 def test_one_point_dev_records_choose_the_committed_points(tmp_path):
-    # Two candidates per method: every pick is at an edge; replay's rho 0.5 is refused (ATLAS's conditioning 1 is the
-    # knob's bound, O-LoRA's lambda1 0.05 misses the high level, LoRA's is the reference)
-    dev, committed = _dev_records_choosing(ONE_POINT, ONE_POINT_SHA, 1, "micro_1pt", tmp_path, allow_edge=("replay",))
+    # Two candidates per method: every pick is at an edge; replay's rho 0.5 and O-LoRA's lambda1 0.05 (its best
+    # pass@1, missing the high level) are refused (ATLAS's conditioning 1 is the knob's bound, LoRA's is the reference)
+    dev, committed = _dev_records_choosing(ONE_POINT, ONE_POINT_SHA, 1, "micro_1pt", tmp_path,
+                                           allow_edge=("replay", "olora"))
     assert Counter(r["method"] for r in dev) == {"base": 1, **{m: 2 for m in PAPER_METHODS}}
     assert committed == 9  # and lwf_retained, the earlier lwf
 
