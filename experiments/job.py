@@ -54,12 +54,13 @@ from experiments.prompts import apply_template, boundary_agrees, code_instructio
 from experiments.run_dir import check_run_dir
 from experiments.train import TrainResult, seed_everything, train
 from experiments.validation import ConfigError
+from sandbox import SandboxUnavailable, isolation_report
 from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
 
 # Errors that mean "the config asks for something impossible": one line, no traceback, exit code 2.
-USER_ERRORS = (ConfigError, MethodConfigError, BackboneError, DataError)
+USER_ERRORS = (ConfigError, MethodConfigError, BackboneError, DataError, SandboxUnavailable)
 
 
 def run_id_for(cfg: DictConfig) -> str:
@@ -130,6 +131,9 @@ def run(cfg: DictConfig) -> dict:
     require_available(typed.backbone)
     method.check_model(preflight_backbone(typed.backbone), list(typed.backbone.target_modules))
     benchmark = build_benchmark(typed.benchmark)
+    # Every run scores coding solutions in the sandbox: a machine where it cannot run stops here, before training,
+    # not after it (the probe's result is kept for the evaluation).
+    isolation_report()
     with run_lock.hold(run_dir, wait=typed.wait_if_running):
         reason = rerun.requested(typed.rerun_before, run_dir)
         if reason:

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Sequence
 
 from sandbox import probe
+from sandbox.probe import SandboxUnavailable
 from sandbox.run import run_pair
 from sandbox.types import STATUSES, Check, ExecutionResult, SandboxLimits
 
@@ -30,6 +31,7 @@ __all__ = [
     "Check",
     "ExecutionResult",
     "SandboxLimits",
+    "SandboxUnavailable",
     "check_solution",
     "check_solutions",
     "isolation_report",
@@ -50,7 +52,7 @@ def isolation_report() -> dict:
     seccomp filter is in force, as the probe observed) and ``syscall_filter`` (what it denies, or
     why it is not applied), ``hidden_paths`` (host paths covered inside),
     ``imports_checked``, ``fallbacks`` (why better modes were not used) and ``probe`` (the raw
-    observations). Raises RuntimeError when no mode works, for instance when the interpreter's
+    observations). Raises SandboxUnavailable (a RuntimeError) when no mode works, for instance when the interpreter's
     imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
     """
     return probe.current_report()

@@ -28,6 +28,13 @@ from sandbox.types import Check, SandboxLimits
 #: configurations keep selecting its warnings.
 log = logging.getLogger("sandbox")
 
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox mode works on this machine (or the interpreter's imports would fail inside): no generated code can
+    be checked here. The message names why each mode failed."""
+
+
 _plan_lock = threading.Lock()
 _plan: isolation.Plan | None = None
 _report: dict | None = None
@@ -35,7 +42,8 @@ _plan_error: str | None = None
 
 
 def detected_plan() -> isolation.Plan:
-    """The plan of the best mode that works here, detected on first use; RuntimeError when none works."""
+    """The plan of the best mode that works here, detected on first use; SandboxUnavailable when none
+    works."""
     global _plan, _report, _plan_error
     if _plan is not None:
         return _plan
@@ -43,7 +51,7 @@ def detected_plan() -> isolation.Plan:
         if _plan is not None:
             return _plan
         if _plan_error is not None:
-            raise RuntimeError(_plan_error)
+            raise SandboxUnavailable(_plan_error)
         forced = os.environ.get(isolation.MODE_ENV)
         modes = (forced,) if forced else (isolation.MODES_ROOT if os.geteuid() == 0 else isolation.MODES_USER)
         fallbacks: list[str] = []
@@ -66,8 +74,9 @@ def detected_plan() -> isolation.Plan:
                 log.warning("sandbox runs without its seccomp filter: %s", report["syscall_filter"])
             _report, _plan = report, plan
             return plan
-        _plan_error = "no sandbox mode works on this machine: " + "; ".join(fallbacks)
-        raise RuntimeError(_plan_error)
+        _plan_error = ("no sandbox mode works on this machine: " + "; ".join(fallbacks)
+                       + " (scripts/install_sandbox.sh installs what the sandbox uses)")
+        raise SandboxUnavailable(_plan_error)
 
 
 def current_report() -> dict:

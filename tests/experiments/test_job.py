@@ -231,6 +231,20 @@ def test_a_raising_run_records_failed_with_traceback(overrides, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_machine_where_no_sandbox_works_stops_the_run_before_training_in_one_line(overrides, tmp_path):
+    """Every run scores coding solutions in the sandbox: without one the run stops before it trains (it stopped after
+    training before, with a traceback), exit 2, nothing left behind."""
+    proc = run_cli(["method=lora", *overrides(tmp_path / "runs")], env={"ATLAS_SANDBOX_MODE": "no-such-mode"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: no sandbox mode works on this machine: mode 'no-such-mode'")
+    assert errors[0].endswith("(scripts/install_sandbox.sh installs what the sandbox uses)")
+    assert "Traceback" not in proc.stderr and "train" not in proc.stdout.lower()
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not [p for p in runs.rglob("*") if p.is_file() and ".sweeps" not in p.parts]
+
+
+@pytest.mark.slow
 def test_a_nan_loss_stops_the_run_at_that_step_recorded_failed_in_one_line(overrides, tmp_path):
     args = ["method=lora", "+method.explode_at=3", "method._target_=tests.experiments.exploding_method.NanLossLoRA",
             *overrides(tmp_path / "runs", **{"train.checkpoint_every": "1", "train.keep_checkpoints": "5"})]
