@@ -67,33 +67,41 @@ def test_the_v3_world_folder_holds_dev_records_and_an_empty_test_read_ledger():
 
 
 V3_TUNE = Path("docs/results/micro_v3/tune/records")  # micro_v3_tune's dev records, every round
-V3_GRID_SHA = "56fd3cb50e2c3cda1d9e1924108722fb349e65b6"  # the commit its grid (round 0) ran at
+# The commits micro_v3_tune's rounds ran at: the grid (round 0), then each extension round's point files
+V3_ROUND_SHAS = ("56fd3cb50e2c3cda1d9e1924108722fb349e65b6", "7e99abe2aed58fa0f5d6c5fa1a160503c61c2d35")
+V3_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "lwf_retained")
 
 
-def test_the_v3_grid_s_dev_records_name_the_committed_extension_round(tmp_path):
-    """micro_v3_tune's grid: 92 complete dev records (the base and 9 methods x 5 candidates x seeds 0, 1), clean at
-    one commit, 2 threads each; `analysis tune` over them refuses the picks at a grid's edge and writes exactly the
-    committed round-1 point files (2 new candidates per method), and no point file of the evaluation preset."""
+@pytest.mark.parametrize("rounds,refused", [
+    (1, ["atlas", "olora", "replay", "ewc", "lwf", "lwf_retained"]),
+    (2, ["lwf_retained"]),
+])
+def test_the_v3_tuning_rounds_dev_records_name_the_committed_next_round(tmp_path, rounds, refused):
+    """micro_v3_tune's first `rounds` rounds (the grid: the base and 9 methods x 5 candidates x seeds 0, 1; each
+    extension round 9 x 2 x 2): complete dev records, clean at their round's commit, 2 threads each; `analysis tune`
+    over them refuses the picks at a grid's edge and writes exactly the committed point files of the next round (2 new
+    candidates per method), and no point file of the evaluation preset."""
     from analysis.tune import Refused, tune
 
     paths = sorted((REPO / V3_TUNE).glob("*/record.json"))
-    grid = [p for p in paths if json.loads(p.read_text())["provenance"]["git_sha"] == V3_GRID_SHA]
-    assert len(grid) == 92
-    for p in grid:
+    kept = [p for p in paths if json.loads(p.read_text())["provenance"]["git_sha"] in V3_ROUND_SHAS[:rounds]]
+    assert len(kept) == 92 + 36 * (rounds - 1)
+    for p in kept:
         r = json.loads(p.read_text())
         assert r["status"] == "complete" and r["split"] == "dev" and r["benchmark"] == "micro_v3@dev", p
         assert not r["provenance"]["git_dirty"] and r["cost"]["threads"] == 2, p
         (tmp_path / "records" / p.parent.name).mkdir(parents=True)
         (tmp_path / "records" / p.parent.name / "record.json").write_bytes(p.read_bytes())
-    assert Counter(json.loads(p.read_text())["method"] for p in grid) == {"base": 2, **{m: 10 for m in (
-        "atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "lwf_retained")}}
-    with pytest.raises(Refused) as refused:
+    per_method = 10 + 4 * (rounds - 1)
+    assert Counter(json.loads(p.read_text())["method"] for p in kept) == {"base": 2, **{m: per_method for m in V3_METHODS}}
+    prefix = f"micro_v3_tune_ext{rounds}"
+    with pytest.raises(Refused) as refused_by:
         tune([str(tmp_path / "records")], REFERENCE, 2, out=tmp_path / "point", prefix="micro_v3_main",
-             extension_prefix="micro_v3_tune_ext1")
-    edges = str(refused.value).split("\nthe extension round")[0].splitlines()[2:]
-    assert [line.split(":")[0].strip() for line in edges] == ["atlas", "olora", "replay", "ewc", "lwf", "lwf_retained"]
+             extension_prefix=prefix)
+    edges = str(refused_by.value).split("\nthe extension round")[0].splitlines()[2:]
+    assert [line.split(":")[0].strip() for line in edges] == refused
     written = sorted(p.name for p in (tmp_path / "point").iterdir())
-    committed = sorted((REPO / "conf/point").glob("micro_v3_tune_ext1_*.yaml"))
+    committed = sorted((REPO / "conf/point").glob(f"{prefix}_*.yaml"))
     assert written == [p.name for p in committed] and len(written) == 18
     for p in committed:
         assert (tmp_path / "point" / p.name).read_text() == p.read_text(), p.name
