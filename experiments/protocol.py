@@ -39,7 +39,7 @@ from suite_schema import layout
 
 RUN_PY = Path(__file__).resolve().parents[1] / "run.py"
 LOG_DIR = ".protocol"
-CHUNKS_NAME = "protocol.jsonl"
+CHUNKS_NAME = layout.PROTOCOL_CHUNKS_NAME
 BUSY, REFUSED, INTERRUPTED = "busy", "refused", "interrupted"
 
 

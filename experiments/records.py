@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Callable, Optional
 from experiments import scale_refinement
 from suite_schema.layout import (
     RECORD_NAME,
+    RUN_OUTPUT_NAMES,
     SCALES_DIR,
     STATUS_COMPLETE,
     STATUSES,
@@ -190,11 +191,11 @@ def is_complete(run_dir: Path, run_id: str, scales: Any = (), refinement: Option
     return True
 
 
-def git_output(*args: str) -> Optional[str]:
-    """Stdout of `git ARGS` in the code's checkout (stripped), or None when git fails or is absent."""
+def git_output(*args: str, cwd: Optional[Path] = None) -> Optional[str]:
+    """Stdout of `git ARGS` in the code's checkout (or `cwd`), stripped; None when git fails or is absent."""
     try:
         out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=10
+            ["git", *args], cwd=cwd or Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -209,9 +210,17 @@ def code_version() -> tuple[Optional[str], Optional[bool]]:
     started, so a commit made while it runs does not change what its records say (call it early)."""
     global _CODE_VERSION
     if _CODE_VERSION is None:
-        status = git_output("status", "--porcelain", "--untracked-files=no")
-        _CODE_VERSION = (git_output("rev-parse", "HEAD"), None if status is None else bool(status))
+        dirty = changed_code()
+        _CODE_VERSION = (git_output("rev-parse", "HEAD"), dirty)
     return _CODE_VERSION
+
+
+def changed_code(cwd: Optional[Path] = None) -> Optional[bool]:
+    """Whether the checkout's tracked files differ from its commit, leaving out the files runs write into a run root
+    (`suite_schema.layout.RUN_OUTPUT_NAMES`: records, the test-read ledger, the protocol's chunk log); None without git."""
+    outputs = [f":(top,exclude,glob)**/{name}" for name in RUN_OUTPUT_NAMES]
+    status = git_output("status", "--porcelain", "--untracked-files=no", "--", ":/", *outputs, cwd=cwd)
+    return None if status is None else bool(status)
 
 
 @functools.lru_cache(maxsize=None)

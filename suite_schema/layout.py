@@ -57,6 +57,11 @@ COST_KEYS = (
 #: (`experiments.read_ledger`) when a run starts evaluating on `EVALUATION_SPLIT` (a dev run appends nothing) and read
 #: by `analysis report` (`analysis.read_ledger`). A committed result folder keeps it next to its `records/`.
 TEST_READS_NAME = "test_reads.jsonl"
+#: `python -m experiments.protocol`'s log of its chunks, one JSON object per line: `<run_root>/protocol.jsonl`.
+PROTOCOL_CHUNKS_NAME = "protocol.jsonl"
+#: The files the runtime itself writes into a run root: a checkout whose only changes are these (a run root inside
+#: it, its records committed) runs the code of its commit, so they do not mark a record `git_dirty`.
+RUN_OUTPUT_NAMES = (RECORD_NAME, CODE_SAMPLES_NAME, RETAINED_SAMPLES_NAME, TEST_READS_NAME, PROTOCOL_CHUNKS_NAME)
 #: The keys of one ledger line: when (UTC, ISO 8601), the code (`git_sha`, `git_dirty` as in a record's provenance),
 #: the run (`run_id`, `method`, `knobs` as in its record, `train` = its `config.train` steps and lr, `seed`), what it
 #: read (`backbone`, `benchmark`, `split`, the post-hoc `scales` evaluated) and `content_sha256`: the sha256 of the

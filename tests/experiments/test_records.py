@@ -91,3 +91,35 @@ def test_parts_of_a_record_of_another_shape_read_as_empty():
     assert records.part({"process": "pid 3"}, "process") == {}
     assert records.part({"process": {"pid": 3}}, "process") == {"pid": 3}
     assert records.part(None, "process") == {}
+
+
+def test_a_checkout_changed_only_by_run_outputs_runs_its_commit_s_code(tmp_path):
+    """A run root inside the checkout with its records committed: the next runs rewrite tracked records, append to the
+    test-read ledger and the protocol's chunk log; none of that is code, so the records stay `git_dirty: false`. A
+    changed source file, or a file of another name in a run folder, makes them dirty."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    files = {"run.py": "code", "results/runs/abc/record.json": "{}", "results/runs/abc/code_samples.json": "[]",
+             "results/runs/abc/retained_samples.json": "[]", "results/runs/test_reads.jsonl": "",
+             "results/runs/protocol.jsonl": "", "results/runs/abc/notes.txt": "n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert records.changed_code(tmp_path) is False
+    for rel in [r for r in files if r.startswith("results/") and not r.endswith("notes.txt")]:
+        (tmp_path / rel).write_text(files[rel] + "\n{\"appended\": 1}")
+    (tmp_path / "results/runs/new/record.json").parent.mkdir()
+    (tmp_path / "results/runs/new/record.json").write_text("{}")  # untracked
+    assert records.changed_code(tmp_path) is False
+    (tmp_path / "results/runs/abc/notes.txt").write_text("changed")
+    assert records.changed_code(tmp_path / "results") is True  # from a subfolder too: the whole checkout counts
+    git("checkout", "--", "results/runs/abc/notes.txt")
+    (tmp_path / "run.py").write_text("other code")
+    assert records.changed_code(tmp_path) is True
+    assert records.changed_code(tmp_path.parent / "no-such-checkout") is None

@@ -117,7 +117,7 @@ def test_a_record_names_the_code_its_process_started_with(monkeypatch):
     """The code version is read once per process: a commit made while a run trains does not relabel its record."""
     monkeypatch.setattr(records, "_CODE_VERSION", None)
     answers = {("rev-parse", "HEAD"): PARENT, ("status", "--porcelain", "--untracked-files=no"): ""}
-    monkeypatch.setattr(records, "git_output", lambda *args: answers[args])
+    monkeypatch.setattr(records, "git_output", lambda *args, cwd=None: answers[args[:3]])
     assert records.code_version() == (PARENT, False)
     answers[("rev-parse", "HEAD")] = HEAD  # committed meanwhile
     prov = records.provenance()
