@@ -58,9 +58,23 @@ PAPER_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inf
 V3_DEV = Path("docs/results/micro_v3/dev_defaults")  # the v3 world's first records: dev only
 
 
-def test_the_v3_world_folder_holds_dev_records_and_an_empty_test_read_ledger():
-    ledger = REPO / "docs/results/micro_v3/test_reads.jsonl"
-    assert ledger.is_file() and ledger.read_text() == ""  # no run has read the v3 test split
+V3_MAIN = Path("docs/results/micro_v3/main/records")  # micro_v3_main's and micro_v3_ablations' run root
+
+
+def test_the_v3_test_split_is_read_once_per_committed_test_run():
+    """The ledger of the v3 test split holds exactly one read per committed test run, and no other: every trained
+    run's record (its scales are the same read) and every ledger line name each other, once."""
+    ledger = REPO / V3_MAIN / "test_reads.jsonl"
+    assert ledger.is_file()
+    reads = Counter(json.loads(line)["run_id"] for line in ledger.read_text().splitlines())
+    runs = [json.loads(p.read_text()) for p in sorted((REPO / V3_MAIN).glob("*/record.json"))]
+    assert all(r["split"] == "test" and r["benchmark"] == "micro_v3" and r["status"] == "complete" for r in runs)
+    assert reads == Counter(r["run_id"] for r in runs)
+    assert not [p for p in (REPO / V3_MAIN).rglob("record.json") if p.parent.parent.name != "scales"
+                and p.parent.parent != REPO / V3_MAIN]
+
+
+def test_the_v3_world_folder_holds_its_first_dev_records():
     records = [json.loads(p.read_text()) for p in sorted((REPO / V3_DEV / "records").rglob("record.json"))]
     assert len(records) == 5 and {r["benchmark"] for r in records} == {"micro_v3@dev"}
     assert all(r["metrics"]["retained_far"] and r["metrics"]["target"]["per_problem"] for r in records)
@@ -68,21 +82,15 @@ def test_the_v3_world_folder_holds_dev_records_and_an_empty_test_read_ledger():
 
 V3_TUNE = Path("docs/results/micro_v3/tune/records")  # micro_v3_tune's dev records, every round
 # The commits micro_v3_tune's rounds ran at: the grid (round 0), then each extension round's point files
-V3_ROUND_SHAS = ("56fd3cb50e2c3cda1d9e1924108722fb349e65b6", "7e99abe2aed58fa0f5d6c5fa1a160503c61c2d35")
+V3_ROUND_SHAS = ("56fd3cb50e2c3cda1d9e1924108722fb349e65b6", "7e99abe2aed58fa0f5d6c5fa1a160503c61c2d35",
+                 "c5ade840feb8b9b0b092c6cf0b4528b27d5e8d15")
 V3_METHODS = ("atlas", "lora", "olora", "replay", "ewc", "lwf", "corda", "inflora", "lwf_retained")
 
 
-@pytest.mark.parametrize("rounds,refused", [
-    (1, ["atlas", "olora", "replay", "ewc", "lwf", "lwf_retained"]),
-    (2, ["lwf_retained"]),
-])
-def test_the_v3_tuning_rounds_dev_records_name_the_committed_next_round(tmp_path, rounds, refused):
-    """micro_v3_tune's first `rounds` rounds (the grid: the base and 9 methods x 5 candidates x seeds 0, 1; each
-    extension round 9 x 2 x 2): complete dev records, clean at their round's commit, 2 threads each; `analysis tune`
-    over them refuses the picks at a grid's edge and writes exactly the committed point files of the next round (2 new
-    candidates per method), and no point file of the evaluation preset."""
-    from analysis.tune import Refused, tune
-
+def _v3_rounds_records(rounds: int, into: Path) -> None:
+    """Copy into `into` the dev records of micro_v3_tune's first `rounds` rounds (the grid: the base and 9 methods x 5
+    candidates x seeds 0, 1; each extension round 9 x 2 x 2), after checking that each is complete, on dev, clean at
+    its round's commit and made with 2 threads."""
     paths = sorted((REPO / V3_TUNE).glob("*/record.json"))
     kept = [p for p in paths if json.loads(p.read_text())["provenance"]["git_sha"] in V3_ROUND_SHAS[:rounds]]
     assert len(kept) == 92 + 36 * (rounds - 1)
@@ -90,10 +98,23 @@ def test_the_v3_tuning_rounds_dev_records_name_the_committed_next_round(tmp_path
         r = json.loads(p.read_text())
         assert r["status"] == "complete" and r["split"] == "dev" and r["benchmark"] == "micro_v3@dev", p
         assert not r["provenance"]["git_dirty"] and r["cost"]["threads"] == 2, p
-        (tmp_path / "records" / p.parent.name).mkdir(parents=True)
-        (tmp_path / "records" / p.parent.name / "record.json").write_bytes(p.read_bytes())
+        (into / p.parent.name).mkdir(parents=True)
+        (into / p.parent.name / "record.json").write_bytes(p.read_bytes())
     per_method = 10 + 4 * (rounds - 1)
     assert Counter(json.loads(p.read_text())["method"] for p in kept) == {"base": 2, **{m: per_method for m in V3_METHODS}}
+
+
+@pytest.mark.parametrize("rounds,refused", [
+    (1, ["atlas", "olora", "replay", "ewc", "lwf", "lwf_retained"]),
+    (2, ["lwf_retained"]),
+])
+def test_the_v3_tuning_rounds_dev_records_name_the_committed_next_round(tmp_path, rounds, refused):
+    """`analysis tune` over micro_v3_tune's first `rounds` rounds refuses the picks at a grid's edge and writes exactly
+    the committed point files of the next round (2 new candidates per method), and no point file of the evaluation
+    preset."""
+    from analysis.tune import Refused, tune
+
+    _v3_rounds_records(rounds, tmp_path / "records")
     prefix = f"micro_v3_tune_ext{rounds}"
     with pytest.raises(Refused) as refused_by:
         tune([str(tmp_path / "records")], REFERENCE, 2, out=tmp_path / "point", prefix="micro_v3_main",
@@ -105,6 +126,22 @@ def test_the_v3_tuning_rounds_dev_records_name_the_committed_next_round(tmp_path
     assert written == [p.name for p in committed] and len(written) == 18
     for p in committed:
         assert (tmp_path / "point" / p.name).read_text() == p.read_text(), p.name
+
+
+def test_the_v3_dev_records_of_all_rounds_choose_the_committed_points(tmp_path):
+    """After round 2 no pick sits at a grid's edge: `analysis tune` over all 164 dev records, at its defaults (2 dev
+    seeds, no method let through), writes exactly the committed conf/point/micro_v3_main_* (2 points per method, LoRA's
+    high the 600-step reference) and its candidates table, byte for byte."""
+    from analysis.tune import tune
+
+    _v3_rounds_records(3, tmp_path / "records")
+    tuned = tune([str(tmp_path / "records")], REFERENCE, 2, out=tmp_path / "point", prefix="micro_v3_main")
+    assert not [e for e in tuned.edges if e.refused]
+    committed = sorted((REPO / "conf/point").glob("micro_v3_main_*"))
+    assert sorted(p.name for p in (tmp_path / "point").iterdir()) == [p.name for p in committed]
+    assert len(committed) == 19  # 9 methods x 2 points + micro_v3_main_candidates.csv
+    for p in committed:
+        assert (tmp_path / "point" / p.name).read_bytes() == p.read_bytes(), p.name
 
 
 @pytest.mark.slow

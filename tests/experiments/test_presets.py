@@ -21,11 +21,12 @@ FIVE = ("qwen3-8b", "qwen3-4b", "llama-3.1-8b", "mistral-7b-v0.3", "gemma-2-9b")
 # The tuning presets, evaluated on the dev split (seeds 0 and 1; micro_tune_1pt, the 2-hour cut, seed 0); every other
 # preset is evaluated on the test split.
 DEV = ("micro_tune", "paper_tune", "micro_tune_extended", "micro_tune_1pt", "micro_v3_tune")
-SEEDS = {"micro_defaults": (0,), "micro_tune_1pt": (0,), **{preset: (0, 1) for preset in DEV if preset != "micro_tune_1pt"}}
+SEEDS = {"micro_defaults": (0,), "micro_tune_1pt": (0,), "micro_v3_main": (0, 1, 2, 3, 4),
+         **{preset: (0, 1) for preset in DEV if preset != "micro_tune_1pt"}}
 # Which tuning preset chose (or, for paper_main, is) each evaluation preset's points, and how many points per method.
 TUNED_BY = {"micro_main": ("micro_tune", 2), "micro_backbones": ("micro_tune", 2), "micro_main_1pt": ("micro_tune", 1),
             "micro_tune_1pt": ("micro_tune", 2), "micro_extended": ("micro_tune_extended", 2),
-            "paper_main": ("paper_tune", 4), "paper_backbones": ("paper_tune", 4)}
+            "micro_v3_main": ("micro_v3_tune", 2), "paper_main": ("paper_tune", 4), "paper_backbones": ("paper_tune", 4)}
 # The methods each tuning preset may tune (registry groups) besides the base, and the candidates each gets;
 # micro_tune_extended also runs the reference (LoRA at its defaults) the levels are shares of.
 TUNES = {"micro_tune": (("reference", "baseline", "retained"), 4), "paper_tune": (("reference", "baseline", "retained"), 4),
@@ -280,7 +281,8 @@ def test_default_points_are_the_plain_method_runs():
 
 def test_every_point_is_used_by_a_preset():
     used = {job_point for preset in ("micro_main", "paper_main", "micro_defaults", "micro_tune", "paper_tune",
-                                     "micro_tune_extended", "micro_extended", "micro_main_1pt", "micro_v3_tune")
+                                     "micro_tune_extended", "micro_extended", "micro_main_1pt", "micro_v3_tune",
+                                     "micro_v3_main")
             for job in expand(preset) for job_point in [o.split("=", 1)[1] for o in job if o.startswith("+point=")]}
     assert used == set(POINTS)
 
