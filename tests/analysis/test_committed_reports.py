@@ -74,6 +74,23 @@ def test_the_v3_test_split_is_read_once_per_committed_test_run():
                 and p.parent.parent != REPO / V3_MAIN]
 
 
+def test_the_v3_test_runs_at_dev_seeds_train_their_dev_twins_models():
+    """micro_v3_main trains seeds 0 and 1 again instead of reusing the dev checkpoints (docs/results/micro_v3/README.md,
+    step 3): each such committed test run's config but its split is a committed dev run's, and its training losses are
+    that run's, step for step (the same model)."""
+    import copy
+
+    from suite_schema import run_identity
+
+    runs = [json.loads(p.read_text()) for p in sorted((REPO / V3_MAIN).glob("*/record.json"))]
+    for r in [r for r in runs if r["seed"] in (0, 1) and r["method"] != "base"]:
+        dev_config = copy.deepcopy(r["config"])
+        dev_config["benchmark"]["split"] = "dev"
+        dev = json.loads((REPO / V3_TUNE / run_identity.run_id_of(dev_config) / "record.json").read_text())
+        assert dev["split"] == "dev" and dev["seed"] == r["seed"], r["run_id"]
+        assert len(r["train"]["losses"]) == r["train"]["steps"] and r["train"]["losses"] == dev["train"]["losses"], r["run_id"]
+
+
 def test_the_v3_world_folder_holds_its_first_dev_records():
     records = [json.loads(p.read_text()) for p in sorted((REPO / V3_DEV / "records").rglob("record.json"))]
     assert len(records) == 5 and {r["benchmark"] for r in records} == {"micro_v3@dev"}
