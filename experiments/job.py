@@ -59,7 +59,7 @@ from suite_schema import layout, run_identity
 
 log = logging.getLogger("suite.run")
 
-# Errors that mean "the config asks for something impossible": one line, no traceback, exit code 2.
+# Errors that mean "this config cannot run (here)": one line, no traceback, exit code 2.
 USER_ERRORS = (ConfigError, MethodConfigError, BackboneError, DataError, SandboxUnavailable)
 
 

@@ -210,8 +210,7 @@ def code_version() -> tuple[Optional[str], Optional[bool]]:
     started, so a commit made while it runs does not change what its records say (call it early)."""
     global _CODE_VERSION
     if _CODE_VERSION is None:
-        dirty = changed_code()
-        _CODE_VERSION = (git_output("rev-parse", "HEAD"), dirty)
+        _CODE_VERSION = (git_output("rev-parse", "HEAD"), changed_code())
     return _CODE_VERSION
 
 

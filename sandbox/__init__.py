@@ -52,8 +52,8 @@ def isolation_report() -> dict:
     seccomp filter is in force, as the probe observed) and ``syscall_filter`` (what it denies, or
     why it is not applied), ``hidden_paths`` (host paths covered inside),
     ``imports_checked``, ``fallbacks`` (why better modes were not used) and ``probe`` (the raw
-    observations). Raises SandboxUnavailable (a RuntimeError) when no mode works, for instance when the interpreter's
-    imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
+    observations). Raises SandboxUnavailable (a RuntimeError) when no mode works, for instance
+    when the interpreter's imports would fail inside. Set ``ATLAS_SANDBOX_MODE`` to force one mode.
     """
     return probe.current_report()
 

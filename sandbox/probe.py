@@ -29,7 +29,6 @@ from sandbox.types import Check, SandboxLimits
 log = logging.getLogger("sandbox")
 
 
-
 class SandboxUnavailable(RuntimeError):
     """No sandbox mode works on this machine (or the interpreter's imports would fail inside): no generated code can
     be checked here. The message names why each mode failed."""
@@ -42,8 +41,7 @@ _plan_error: str | None = None
 
 
 def detected_plan() -> isolation.Plan:
-    """The plan of the best mode that works here, detected on first use; SandboxUnavailable when none
-    works."""
+    """The plan of the best mode that works here, detected on first use; SandboxUnavailable when none works."""
     global _plan, _report, _plan_error
     if _plan is not None:
         return _plan
