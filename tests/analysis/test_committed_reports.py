@@ -9,6 +9,7 @@ read on micro_main's levels."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from analysis.report import check_report
+from suite_schema import run_identity
 from tests.conftest import REPO
 
 RESULTS = Path("docs/results/micro")
@@ -78,10 +80,6 @@ def test_the_v3_test_runs_at_dev_seeds_train_their_dev_twins_models():
     """micro_v3_main trains seeds 0 and 1 again instead of reusing the dev checkpoints (docs/results/micro_v3/README.md,
     step 3): each such committed test run's config but its split is a committed dev run's, and its training losses are
     that run's, step for step (the same model)."""
-    import copy
-
-    from suite_schema import run_identity
-
     runs = [json.loads(p.read_text()) for p in sorted((REPO / V3_MAIN).glob("*/record.json"))]
     for r in [r for r in runs if r["seed"] in (0, 1) and r["method"] != "base"]:
         dev_config = copy.deepcopy(r["config"])
