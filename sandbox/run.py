@@ -366,12 +366,22 @@ def run_pair(plan: isolation.Plan, check: Check, limits: SandboxLimits) -> Execu
         oom_kills = group.oom_kills() if group is not None else 0
         peak = group.peak_bytes() if group is not None else None
         status, reason = _classify(test, solution, timed_out, limits, oom_kills)
-        if status == "timeout" and timed_out and clock.waited > 0.05:
-            reason += f" (plus {clock.waited:.1f} s it waited for a CPU that other work held)"
+        if status == "timeout" and timed_out:
+            reason += _clock_note(clock)
         s_code, s_signal = _exit_of(solution, solution.status.events())
         returncode = -signal.SIGKILL if timed_out else (s_code if s_signal is None else -s_signal)
         return ExecutionResult(status == "passed", status, reason, returncode, time.monotonic() - start,
                                solution.out.text(), solution.err.text(), peak)
+
+
+def _clock_note(clock: _CheckClock) -> str:
+    """What the clock measured at the deadline, for a timed-out check's reason: the extension it gave, and
+    the CPU time its processes ran and their longest wait for a CPU, which tell a slow check from a starved one."""
+    note = f" (plus {clock.waited:.1f} s it waited for a CPU that other work held)" if clock.waited > 0.05 else ""
+    if clock.measured is not None:
+        elapsed, ran, delay = clock.measured
+        note += f" [at {elapsed:.2f} s: its processes ran {ran:.2f} s of CPU, longest wait for a CPU {delay:.2f} s]"
+    return note
 
 
 def _close_fds(fds: list[int]) -> None:
@@ -427,14 +437,18 @@ class _CheckClock:
         self.children = children
         self.waited = 0.0
         self.deadline = start + wall_seconds
+        self.measured: tuple[float, float, float] | None = None  # (elapsed, CPU ran, longest run delay), seconds
 
     def extend(self) -> bool:
         """Move the deadline by the CPU wait measured now; True when it moved."""
         stats = [st for child in self.children if not child.done for st in map(_schedstat, _tree(child.proc.pid)) if st]
         if not stats:
             return False
-        not_given = time.monotonic() - self.start - sum(ran for ran, _ in stats)
-        waited = min(max(waited for _, waited in stats), max(0.0, not_given), self.wall_seconds)
+        elapsed = time.monotonic() - self.start
+        ran = sum(ran for ran, _ in stats)
+        delay = max(waited for _, waited in stats)
+        self.measured = (elapsed, ran, delay)
+        waited = min(delay, max(0.0, elapsed - ran), self.wall_seconds)
         if waited <= self.waited + 0.01:
             return False
         self.waited = waited

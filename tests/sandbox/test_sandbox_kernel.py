@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import time
 
 import pytest
@@ -253,7 +254,7 @@ def _beside_spinner() -> tuple:
     assert alone.passed, alone
     spinner, beside = check_solutions([SPINNER, victim], limits, workers=2)
     assert spinner.status == "timeout", spinner
-    return alone, beside
+    return alone, beside, spinner
 
 
 @pytest.fixture()
@@ -267,15 +268,18 @@ def cpu_groups(report):
 
 
 def test_a_spinning_neighbour_does_not_change_a_slow_correct_verdict(cpu_groups):
-    alone, beside = _beside_spinner()
+    alone, beside, spinner = _beside_spinner()
     assert beside.passed, (beside, alone.wall_seconds)
+    # A busy check's timeout says it ran: seconds of CPU, not the near-zero of a sleeping one.
+    ran = re.search(r"its processes ran ([\d.]+) s of CPU", spinner.reason)
+    assert ran and float(ran.group(1)) > 1.0, spinner.reason
 
 
 @pytest.mark.slow
 def test_the_cpu_quota_alone_keeps_the_verdict(cpu_groups, monkeypatch):
     """Without the wall-clock extension: the spinner's cgroup alone leaves the victim its CPU."""
     monkeypatch.setattr(run._CheckClock, "extend", lambda self: False)
-    alone, beside = _beside_spinner()
+    alone, beside, _ = _beside_spinner()
     assert beside.passed, (beside, alone.wall_seconds)
 
 
@@ -285,7 +289,7 @@ def test_the_wall_clock_alone_keeps_the_verdict(cpu_groups, monkeypatch):
     plan = probe.detected_plan()
     no_cpu = dataclasses.replace(plan.cgroups, parents=plan.cgroups.parents[: 2 if plan.cgroups.version == 1 else 1], cpu=False)
     monkeypatch.setattr(probe, "_plan", dataclasses.replace(plan, cgroups=no_cpu))
-    alone, beside = _beside_spinner()
+    alone, beside, _ = _beside_spinner()
     assert beside.passed, (beside, alone.wall_seconds)
 
 
@@ -295,3 +299,9 @@ def test_a_hanging_check_still_ends_at_its_wall_limit():
     result = check_solution(call_check("import time\ntime.sleep(60)\n"), SandboxLimits(wall_seconds=2, cpu_seconds=5))
     assert result.status == "timeout" and "plus" not in result.reason, result
     assert time.monotonic() - start < 4
+    # The reason says what the clock measured at the deadline: 2 s gone, almost none of it on a CPU.
+    measured = re.search(r"at ([\d.]+) s: its processes ran ([\d.]+) s of CPU, longest wait for a CPU ([\d.]+) s",
+                         result.reason)
+    assert measured, result.reason
+    elapsed, ran, _ = map(float, measured.groups())
+    assert elapsed >= 2 and ran < 1, result.reason
