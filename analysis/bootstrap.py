@@ -13,7 +13,8 @@ the mean over the seeds where both reach the level of KL(ATLAS) - KL(method); th
 
 Reported per level and method: the statistic on the original sets (the paired table's mean difference), the
 percentile interval of the resampled statistics, and a two-sided bootstrap p: twice the smaller share of resamples at
-or below 0 and at or above 0 (capped at 1), Holm-corrected over each backbone's comparisons like the paired table's.
+or below 0 and at or above 0 (capped at 1), Holm-corrected within each family like the paired table's
+(`analysis.matched.holm_by_family`).
 A resample where no seed pair reaches the level has no statistic; `n_defined` counts those that have one, and the
 interval and p are over them (none are given when no pair reaches the level on the original sets).
 
@@ -36,7 +37,6 @@ from analysis import matched as MT
 from analysis import methods as M
 from analysis import pareto, schema
 from analysis.pareto import run_fronts
-from analysis.stats import holm
 
 #: Resamples drawn by default, and the least allowed (the 2.5% and 97.5% percentiles of fewer rest on 1 or 2 values).
 DEFAULT_RESAMPLES = 1000
@@ -376,8 +376,5 @@ def item_bootstrap(runs: pd.DataFrame, levels: Sequence[MT.Level], interpolate: 
     out = pd.DataFrame(rows_out, columns=BOOT_COLS)
     for c in ("mean_diff", "boot_lo", "boot_hi", "p_boot"):
         out[c] = out[c].astype(float)
-    adjusted = pd.Series(float("nan"), index=out.index, dtype=float)
-    for _, g in out.groupby(["backbone", "benchmark"], sort=False):
-        adjusted[g.index] = [float("nan") if v is None else v for v in holm(list(g["p_boot"]))]
-    out["p_boot_holm"] = adjusted
+    out["p_boot_holm"] = MT.holm_by_family(out, "p_boot")
     return ItemBootstrap(out, unavailable, n_resamples, seed)

@@ -347,8 +347,8 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
     the paired t statistic with its two-sided p (n - 1 degrees of freedom), the seeds where the
     reference is lower (wins) or higher (losses), and the exact two-sided sign-test p. Seeds where only
     one of the two reaches the level are counted in `only_reference` / `only_method`.
-    `p_t_holm`, `p_sign_holm`: `p_t` and `p_sign` Holm-corrected (`analysis.stats.holm`), each over its family: every
-    (method, level) comparison on the same backbone and benchmark that has that p-value.
+    `p_t_holm`, `p_sign_holm`: `p_t` and `p_sign` Holm-corrected (`analysis.stats.holm`), each over its family
+    (`holm_by_family`).
     """
     rows = []
     keys = ["backbone", "benchmark", "level", "level_spec", "threshold"]
@@ -375,11 +375,21 @@ def compare(per_seed_df: pd.DataFrame, reference: str = M.REFERENCE, others: Opt
     for c in ("mean_diff", "lo", "hi", "boot_lo", "boot_hi", "t", "p_t", "p_sign"):
         out[c] = out[c].astype(float)
     for raw in ("p_t", "p_sign"):
-        adjusted = pd.Series(float("nan"), index=out.index, dtype=float)
-        for _, g in out.groupby(["backbone", "benchmark"], sort=False):
-            adjusted[g.index] = [float("nan") if v is None else v for v in holm(list(g[raw]))]
-        out[f"{raw}_holm"] = adjusted
+        out[f"{raw}_holm"] = holm_by_family(out, raw)
     return out
+
+
+def holm_by_family(comparisons: pd.DataFrame, column: str) -> pd.Series:
+    """`column`'s p-values Holm-corrected (`analysis.stats.holm`) within each family: the (method, level) comparisons
+    on one backbone and benchmark whose methods share a `analysis.methods.holm_family` (the methods outside the ATLAS
+    family; ATLAS's variants). Missing p-values stay missing and count in no family."""
+    adjusted = pd.Series(float("nan"), index=comparisons.index, dtype=float)
+    if comparisons.empty:
+        return adjusted
+    family = comparisons["method"].map(M.holm_family).rename("family")
+    for _, g in comparisons.groupby([comparisons["backbone"], comparisons["benchmark"], family], sort=False):
+        adjusted[g.index] = [float("nan") if v is None else v for v in holm(list(g[column]))]
+    return adjusted
 
 
 DOMINANCE_COLS = ["backbone", "benchmark", "kl", "reference", "method", "seeds", "n_reference_points",

@@ -163,6 +163,13 @@ def main_methods(methods) -> list[str]:
     return [m for m in ordered(methods) if m != BASE and (m == REFERENCE or not is_atlas_family(m))]
 
 
+def holm_family(method: str) -> str:
+    """The Holm family of a comparison of ATLAS against `method`: "ablation" for ATLAS's own variants, "main" for
+    every other method. The two are corrected apart, so a verdict on the baselines does not depend on how many
+    ablation runs sit in the same folder."""
+    return "ablation" if is_atlas_family(method) else "main"
+
+
 def ablation_methods(methods) -> list[str]:
     """ATLAS and its variants (every method named atlas_* or atlas[...])."""
     return [m for m in ordered(methods) if is_atlas_family(m)]

@@ -296,9 +296,11 @@ def paired_table(a: Analysis, p: Optional[pd.DataFrame] = None, name: str = "pai
         "paired t-test, n - 1 degrees of freedom. Seeds ATLAS lower: seeds where ATLAS has the lower KL. p (sign test): "
         "exact two-sided binomial sign test (ties dropped). n/a: fewer than two pairs. Unpaired: seeds where only "
         "one of the two reaches the level. KL and its differences in nats per token.",
-        "Holm: the p-value Holm-corrected (step-down) over the family of every comparison in this table on the "
-        "backbone that has one (each method at each level; the paired t and the sign test are corrected separately): "
-        "a comparison is significant at a family-wise level α when its Holm p ≤ α.",
+        "Holm: the p-value Holm-corrected (step-down) over its family: every comparison in this table on the backbone "
+        "that has one, ATLAS against the methods outside the ATLAS family forming one family (each method at each "
+        "level) and ATLAS against its own variants another (so ablation runs leave the baselines' p-values as they "
+        "are); the paired t and the sign test are corrected separately. A comparison is significant at a family-wise "
+        "level α when its Holm p ≤ α.",
         (_kl_note(a) if what is None else _kl_note(a, what)).split(". (k/n")[0] + ".",
     ] + _level_notes(a, a.levels)
     return table
@@ -438,8 +440,8 @@ def items_table(a: Analysis) -> Table:
         "KL is read along its runs' fronts as in the main table. The seeds are held fixed: this interval is the "
         "evaluation sets' uncertainty, 95% CI (seeds, t) the paired table's over seeds.",
         "p (problems and items): twice the smaller share of resamples with Δ ≤ 0 or Δ ≥ 0 (two-sided; <x: no resample "
-        "across 0, x = 2 / resamples); Holm: corrected over this table's comparisons on the backbone. Resamples with a "
-        "pair: those in which some seed pair reaches the level (the interval and p are over these); n/a: no pair on the "
+        "across 0, x = 2 / resamples); Holm: corrected over this table's comparisons on the backbone, the baselines' "
+        "and ATLAS's variants' apart as in the paired table. Resamples with a pair: those in which some seed pair reaches the level (the interval and p are over these); n/a: no pair on the "
         "original sets.",
     ]
     for bb, bench, why in items.unavailable:

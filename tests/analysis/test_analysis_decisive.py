@@ -4,6 +4,7 @@ table's comparisons, interpolation-free dominance counts between measured points
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
 from analysis_synth import record, scenario, sweep
@@ -11,7 +12,7 @@ from analysis_synth import record, scenario, sweep
 from analysis import schema
 from analysis.analyze import analyze
 from analysis.collect import make_table
-from analysis.matched import dominance, dominates
+from analysis.matched import dominance, dominates, holm_by_family
 from analysis.pareto import POOLED_KL_COL, pooled_kl
 from analysis.render import to_markdown
 from analysis.stats import holm
@@ -69,7 +70,7 @@ def test_paired_table_holm_columns_correct_each_backbone_s_family():
     a = analyze(table_of(scenario()), ["0.25", "0.3"])
     p = a.paired
     for bb in ("micro", "qwen3-8b"):
-        g = p[p["backbone"] == bb]
+        g = p[(p["backbone"] == bb) & (p["method"] != "atlas_nogate")]  # the baselines' family: no ablation in it
         # The raw p-values are the paired t-test's (SciPy) and the sign test's; Holm over this backbone's rows only.
         for _, r in g.iterrows():
             if r["n_pairs"] >= 2:
@@ -89,8 +90,44 @@ def test_paired_table_holm_columns_correct_each_backbone_s_family():
             assert (math.isnan(adj) if math.isnan(raw) else adj == pytest.approx(by_hand[raw], rel=1e-12))
         signs = list(g["p_sign"])
         assert list(g["p_sign_holm"]) == pytest.approx([math.nan if v is None else v for v in holm(signs)], nan_ok=True)
+        variant = p[(p["backbone"] == bb) & (p["method"] == "atlas_nogate")]  # a family of its own
+        own = [math.nan if v is None else v for v in holm(list(variant["p_t"]))]
+        assert list(variant["p_t_holm"]) == pytest.approx(own, nan_ok=True)
     md = to_markdown({t.name: t for t in all_tables(a)}["paired"])
     assert "p (paired t, Holm)" in md and "p (sign test, Holm)" in md and "Holm-corrected" in md
+
+
+def test_ablation_runs_leave_the_baselines_holm_p_values_and_verdict_as_they_are():
+    """ATLAS's variants are a Holm family of their own: adding their runs to a folder changes no baseline's row of the
+    paired table (raw and Holm-corrected p; the verdict reads these rows)."""
+    with_variant = scenario()
+    without = [r for r in with_variant if r["method"] != "atlas_nogate"]
+    extra = [dict(r, method="atlas_global") for r in with_variant if r["method"] == "atlas_nogate"]
+    frames = []
+    for recs in (without, with_variant, with_variant + extra):
+        a = analyze(table_of(recs), ["0.25", "0.3"])
+        frames.append(a.paired[~a.paired["method"].str.startswith("atlas_")].reset_index(drop=True))
+        assert (a.paired["method"] == "atlas_nogate").any() == (recs is not without)
+    assert frames[0]["p_t"].notna().sum() >= 3
+    for f in frames[1:]:
+        pd.testing.assert_frame_equal(f, frames[0])
+    # Over one pooled family instead, the variant's rows would raise some baseline's p: the fix is not vacuous.
+    a = analyze(table_of(with_variant), ["0.25", "0.3"])
+    g = a.paired[a.paired["backbone"] == "micro"]
+    pooled = holm(list(g["p_t"]))
+    base_rows = [i for i, m in enumerate(g["method"]) if not m.startswith("atlas_")]
+    assert any(pooled[i] is not None and pooled[i] > g["p_t_holm"].iloc[i] for i in base_rows)
+
+
+def test_holm_by_family_corrects_baselines_and_atlas_variants_apart_per_backbone():
+    rows = [("micro", "lora", 0.01), ("micro", "ewc", 0.04), ("micro", "atlas_nogate", 0.02),
+            ("micro", "atlas[filter_basis=8]", float("nan")), ("micro", "atlas_global", 0.03),
+            ("qwen3-8b", "lora", 0.02), ("qwen3-8b", "atlas_nogate", 0.5)]
+    df = pd.DataFrame([{"backbone": b, "benchmark": "x", "method": m, "p": p} for b, m, p in rows])
+    got = holm_by_family(df, "p")
+    # micro baselines: {.01, .04} -> .02, .04; micro variants: {.02, .03} (NaN is no test) -> .04, .04; one each else.
+    assert list(got) == pytest.approx([0.02, 0.04, 0.04, math.nan, 0.04, 0.02, 0.5], nan_ok=True)
+    assert holm_by_family(df.iloc[:0], "p").empty
 
 
 # ---- dominance ----------------------------------------------------------------------------------------------------
