@@ -79,9 +79,11 @@ def test_the_v3_test_split_is_read_once_per_committed_test_run():
 def test_the_v3_test_runs_at_dev_seeds_train_their_dev_twins_models():
     """micro_v3_main trains seeds 0 and 1 again instead of reusing the dev checkpoints (docs/results/micro_v3/README.md,
     step 3): each such committed test run's config but its split is a committed dev run's, and its training losses are
-    that run's, step for step (the same model)."""
+    that run's, step for step (the same model). The ablations (micro_v3_ablations) have no dev run."""
     runs = [json.loads(p.read_text()) for p in sorted((REPO / V3_MAIN).glob("*/record.json"))]
-    for r in [r for r in runs if r["seed"] in (0, 1) and r["method"] != "base"]:
+    twins = [r for r in runs if r["seed"] in (0, 1) and r["method"] != "base" and not r["method"].startswith("atlas_")]
+    assert len(twins) == 2 * 9 * 2  # seeds 0 and 1 of nine methods' two points
+    for r in twins:
         dev_config = copy.deepcopy(r["config"])
         dev_config["benchmark"]["split"] = "dev"
         dev = json.loads((REPO / V3_TUNE / run_identity.run_id_of(dev_config) / "record.json").read_text())
