@@ -71,7 +71,7 @@ def test_paired_table_holm_columns_correct_each_backbone_s_family():
     p = a.paired
     for bb in ("micro", "qwen3-8b"):
         g = p[(p["backbone"] == bb) & (p["method"] != "atlas_nogate")]  # the baselines' family: no ablation in it
-        # The raw p-values are the paired t-test's (SciPy) and the sign test's; Holm over this backbone's rows only.
+        # The raw p-values are the paired t-test's (SciPy) and the sign test's; Holm over this backbone's baseline rows only.
         for _, r in g.iterrows():
             if r["n_pairs"] >= 2:
                 ps = a.matched_seed
